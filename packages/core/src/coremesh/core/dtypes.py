@@ -1,0 +1,86 @@
+"""Which dtypes a chip can hold and multiply, checked before anything is traced.
+
+jax 0.10.2 loops forever tiling a float64 pipeline (tpu_info._get_tiling_factor with packing 0),
+so an unsupported dtype must be refused here, not discovered by a hang.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from coremesh.core.chips import Chip, get_chip
+from coremesh.core.errors import UnsupportedOnChipError
+
+_F32, _BF16 = "float32", "bfloat16"
+_F8 = ("float8_e5m2", "float8_e4m3b11fnuz")
+_F8_7 = ("float8_e5m2", "float8_e4m3fn")
+_I8, _I4 = ("int8", "uint8"), ("int4", "uint4")
+
+#: generation -> allowed (lhs, rhs) dtype families for native MXU matmuls (jax's own table).
+_MATMUL: dict[int, tuple[tuple[frozenset[str], frozenset[str]], ...]] = {
+    4: ((frozenset({_F32, _BF16}), frozenset({_F32, _BF16, "int8"})),),
+    5: (
+        (frozenset({_F32, _BF16, *_F8}), frozenset({_F32, _BF16, *_F8})),
+        (frozenset(_I8), frozenset(_I8)),
+        (frozenset(_I4), frozenset(_I4)),
+    ),
+    7: (
+        (frozenset({_F32, _BF16}), frozenset({_F32, _BF16})),
+        (frozenset({_F32, _BF16, *_F8_7}), frozenset(_F8_7)),
+    ),
+}
+_MATMUL[6] = _MATMUL[5]
+
+
+def dtype_name(dtype: Any) -> str:
+    """Canonical name of a numpy/jax dtype (``bfloat16`` works without importing jax)."""
+    try:
+        return str(np.dtype(dtype))
+    except TypeError:
+        return str(getattr(dtype, "name", dtype))
+
+
+def itemsize(dtype: Any) -> int:
+    name = dtype_name(dtype)
+    if name in ("int4", "uint4"):
+        return 1
+    try:
+        return int(np.dtype(dtype).itemsize)
+    except TypeError:
+        import jax.numpy as jnp
+
+        return int(jnp.dtype(dtype).itemsize)
+
+
+def check_array_dtype(dtype: Any, chip: str | Chip) -> str:
+    """Refuse dtypes no TPU holds in VMEM (64-bit and complex types)."""
+    c = get_chip(chip)
+    name = dtype_name(dtype)
+    if name in ("float64", "int64", "uint64", "complex64", "complex128") or itemsize(dtype) > 4:
+        narrow = {"float64": "float32", "int64": "int32", "uint64": "uint32"}.get(name, "float32")
+        raise UnsupportedOnChipError(
+            f"dtype {name} cannot be used in a TPU kernel",
+            rule="TPU vector units and VMEM hold 8-, 16- and 32-bit types only",
+            chip=c.name,
+            fix=f"cast to {narrow} before the kernel (and check JAX_ENABLE_X64 is not turning "
+            "Python scalars into 64-bit arrays)",
+        )
+    return name
+
+
+def check_matmul_dtypes(lhs: Any, rhs: Any, chip: str | Chip) -> None:
+    """Refuse lhs/rhs dtype pairs the chip's MXU cannot multiply natively."""
+    c = get_chip(chip)
+    lname, rname = check_array_dtype(lhs, c), check_array_dtype(rhs, c)
+    pairs = _MATMUL.get(c.generation, ())
+    if any(lname in lset and rname in rset for lset, rset in pairs):
+        return
+    ok = "; ".join(f"lhs {sorted(lset)} x rhs {sorted(rset)}" for lset, rset in pairs)
+    raise UnsupportedOnChipError(
+        f"{c.name} cannot multiply {lname} by {rname} on its MXU",
+        rule=f"{c.name} MXU input pairs: {ok}",
+        chip=c.name,
+        fix="cast both operands to bfloat16 (f32 accumulation) or pick a chip that has them",
+    )

@@ -1,0 +1,3 @@
+"""coremesh.testing: verify core-level Pallas TPU programs without a TPU."""
+
+__version__ = "0.1.0"
