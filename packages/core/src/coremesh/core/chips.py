@@ -112,7 +112,7 @@ class Chip:
                 f"{self.name} has no mode with {cores} TensorCore(s) per device",
                 rule=f"{self.name} devices have {modes} TensorCore(s)",
                 chip=self.name,
-                fix=f"ask for cores_per_device in ({modes}), or pick a chip with megacore (v4, v5p)",
+                fix=f"ask for cores_per_device in ({modes}), or pick a megacore chip (v4, v5p)",
             )
         return cores
 
@@ -128,9 +128,7 @@ class Chip:
             tensorcores=cores,
             hbm_bytes=int(self.hbm_bytes * share),
             hbm_bytes_per_s=self.hbm_bytes_per_s * share,
-            peak_ops_per_s=MappingProxyType(
-                {k: v * share for k, v in self.peak_ops_per_s.items()}
-            ),
+            peak_ops_per_s=MappingProxyType({k: v * share for k, v in self.peak_ops_per_s.items()}),
             ici_bytes_per_s=self.ici_bytes_per_s * share,
         )
 
@@ -169,6 +167,7 @@ def _sources(**extra: str) -> Mapping[str, str]:
         "mxu_size": JAX_TABLE,
         "scoped_vmem_default_bytes": AOT_MEASURED + " (E1001 CompileTimeScopedVmemOom limit)",
         "topology_prefix": AOT_MEASURED,
+        "topology_rank": CLOUD_DOCS + " (v5e, v6e: 2D torus; v4, v5p, TPU7x: 3D torus)",
         "generation": JAX_TABLE,
         "ici_links": CLOUD_DOCS + " (ICI ports per chip; 3D torus: 6 neighbours, 2D: 4)",
         "ici_bytes_per_s": CLOUD_DOCS + " (ICI bandwidth per chip as the docs state it)",

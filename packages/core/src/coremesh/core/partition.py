@@ -124,8 +124,9 @@ def check_block_shape(
                 fix="shrink the block or pad the array",
             )
     sub, lane = tile_shape(dtype, c)
-    tiled = list(zip(block_shape[-2:], array_shape[-2:], (sub, lane)[-len(block_shape[-2:]) :],
-                     strict=True))
+    tiled = list(
+        zip(block_shape[-2:], array_shape[-2:], (sub, lane)[-len(block_shape[-2:]) :], strict=True)
+    )
     for b, a, t in tiled:
         if b % t and b != a:
             raise LayoutError(
@@ -134,7 +135,7 @@ def check_block_shape(
                 rule=f"the last two block dims must be multiples of ({sub}, {lane}) or equal the "
                 "array's dims",
                 chip=c.name,
-                fix=f"use a block dim of {max(t, (b // t) * t)} or {math.ceil(b / t) * t}",
+                fix=f"use a block dim of {_nearest_tiles(b, t)} instead of {b}",
             )
     for b, a in zip(block_shape, array_shape, strict=True):
         if a % b:
@@ -144,6 +145,11 @@ def check_block_shape(
                 chip=c.name,
                 fix="pad the array to a multiple of the block, or pick a block that divides it",
             )
+
+
+def _nearest_tiles(b: int, t: int) -> str:
+    up = math.ceil(b / t) * t
+    return f"{up}" if b < t else f"{(b // t) * t} or {up}"
 
 
 def _name(dtype: Any) -> str:

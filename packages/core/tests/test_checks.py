@@ -1,0 +1,74 @@
+"""Dtype and capacity checks: each names the value, the rule, the chip and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from coremesh.core import (
+    CapacityError,
+    UnsupportedOnChipError,
+    check_array_dtype,
+    check_fits,
+    check_matmul_dtypes,
+    nbytes,
+)
+from coremesh.core.chips import MiB
+
+
+def test_float64_refused_everywhere() -> None:
+    with pytest.raises(UnsupportedOnChipError) as e:
+        check_array_dtype("float64", "v6e")
+    assert e.value.chip == "v6e"
+    assert (
+        "float64" in str(e.value) and "float32" in str(e.value) and "JAX_ENABLE_X64" in str(e.value)
+    )
+
+
+@pytest.mark.parametrize(
+    ("chip", "lhs", "rhs", "ok"),
+    [
+        ("v4", "bfloat16", "bfloat16", True),
+        ("v4", "int8", "int8", False),  # E2001 CompileTimeMosaicUnsupportedRhsType on v4
+        ("v5e", "int8", "int8", True),
+        ("v6e", "float8_e5m2", "float8_e5m2", True),
+        ("TPU7x", "float8_e4m3fn", "float8_e4m3fn", True),
+        ("TPU7x", "int8", "int8", False),
+    ],
+)
+def test_matmul_dtype_table(chip: str, lhs: str, rhs: str, ok: bool) -> None:
+    import jax.numpy as jnp
+
+    if ok:
+        check_matmul_dtypes(jnp.dtype(lhs), jnp.dtype(rhs), chip)
+    else:
+        with pytest.raises(UnsupportedOnChipError, match=f"{chip} cannot multiply"):
+            check_matmul_dtypes(jnp.dtype(lhs), jnp.dtype(rhs), chip)
+
+
+def test_scratch_over_the_scoped_limit_says_how_to_raise_it() -> None:
+    with pytest.raises(CapacityError) as e:
+        check_fits(20 * MiB, "v5p")
+    msg = str(e.value)
+    assert "16.00 MiB" in msg and "vmem_limit_bytes=20971520" in msg and "64.00 MiB" in msg
+    check_fits(20 * MiB, "v5p", vmem_limit_bytes=32 * MiB)
+    check_fits(20 * MiB, "v6e")  # 32 MiB scoped default on v6e
+
+
+def test_scratch_over_physical_vmem() -> None:
+    with pytest.raises(CapacityError, match="physical"):
+        check_fits(96 * MiB, "TPU7x")
+    with pytest.raises(CapacityError, match=r"more than the 64\.00 MiB"):
+        check_fits(1, "v5p", vmem_limit_bytes=65 * MiB)
+
+
+def test_sparsecore_capacity_and_absence() -> None:
+    check_fits(nbytes((128, 128), "float32"), "v6e", "sparsecore_vmem")
+    with pytest.raises(CapacityError, match=r"256\.0 KiB"):
+        check_fits(nbytes((512, 256), "float32"), "v6e", "sparsecore_vmem")
+    with pytest.raises(UnsupportedOnChipError, match="v5e has no SparseCore"):
+        check_fits(1, "v5e", "sparsecore_vmem")
+
+
+def test_smem() -> None:
+    with pytest.raises(CapacityError, match="SMEM"):
+        check_fits(2 * MiB, "v5p", "smem")
