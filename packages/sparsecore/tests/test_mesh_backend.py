@@ -1,0 +1,42 @@
+"""SparseCore meshes follow the target's chip; chips without SparseCore are refused."""
+
+from __future__ import annotations
+
+import pytest
+
+import coremesh.core as cc
+from coremesh.core.targets import HardwareTarget
+from coremesh.sparsecore import SparseCoreBackend, mesh
+
+
+def _target(chip: str) -> HardwareTarget:
+    c = cc.get_chip(chip)
+    return HardwareTarget(c, 4, c.default_cores_per_device)
+
+
+@pytest.mark.parametrize(
+    ("chip", "cores", "subcores"), [("v5p", 4, 16), ("v6e", 2, 16), ("TPU7x", 2, 16)]
+)
+def test_vector_mesh(chip: str, cores: int, subcores: int) -> None:
+    m = mesh(target=_target(chip))
+    assert dict(m.axes) == {"core": cores, "subcore": subcores}
+
+
+def test_scalar_mesh() -> None:
+    m = mesh(cc.CoreKind.SPARSE_SCALAR, target=_target("v5p"))
+    assert dict(m.axes) == {"core": 4}
+
+
+@pytest.mark.parametrize("chip", ["v4", "v5e"])
+def test_chips_without_sparsecore_are_refused(chip: str) -> None:
+    with pytest.raises(cc.UnsupportedOnChipError, match=f"{chip} has no SparseCore") as e:
+        mesh(target=_target(chip))
+    assert "v5p, v6e or TPU7x" in str(e.value)
+
+
+def test_registered_backend_serves_sparse_meshes() -> None:
+    cc.backends.refresh()
+    b = cc.get_backend("sparsecore")
+    assert isinstance(b, SparseCoreBackend)
+    assert cc.backend_for(cc.CoreKind.SPARSE_VECTOR) is b
+    assert cc.backend_for(cc.CoreKind.SPARSE_SCALAR) is b

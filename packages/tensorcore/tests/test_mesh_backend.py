@@ -1,0 +1,42 @@
+"""The TensorCore mesh follows the target's chip; the backend is found through its entry point."""
+
+from __future__ import annotations
+
+import pytest
+
+import coremesh.core as cc
+from coremesh.core.targets import HardwareTarget
+from coremesh.tensorcore import TensorCoreBackend, TensorCoreMesh, mesh
+
+
+@pytest.mark.parametrize(
+    ("chip", "cores"), [("v4", 2), ("v5p", 2), ("v5e", 1), ("v6e", 1), ("TPU7x", 1)]
+)
+def test_mesh_has_the_chips_cores(chip: str, cores: int) -> None:
+    c = cc.get_chip(chip)
+    with cc.using_target(HardwareTarget(c, 4, c.default_cores_per_device)):
+        m = mesh()
+    assert isinstance(m, cc.CoreMesh)
+    assert dict(m.axes) == {"core": cores}
+    pm = m.pallas_mesh()
+    assert type(pm).__name__ == "TensorCoreMesh"
+    assert len(pm.devices) == cores
+    assert pm.axis_names == ("core",)
+
+
+def test_core_count_the_chip_lacks() -> None:
+    with pytest.raises(cc.ChipError, match="v6e has no mode with 2"):
+        TensorCoreMesh(cc.get_chip("v6e"), 2)
+
+
+def test_bad_axis_name() -> None:
+    with pytest.raises(cc.MeshError, match="not an identifier"):
+        TensorCoreMesh(cc.get_chip("v5p"), 2, "my core")
+
+
+def test_registered_backend_serves_tensor_meshes() -> None:
+    cc.backends.refresh()
+    assert "tensorcore" in cc.available_backends()
+    b = cc.get_backend("tensorcore")
+    assert isinstance(b, TensorCoreBackend)
+    assert cc.backend_for(cc.CoreKind.TENSOR) is b
