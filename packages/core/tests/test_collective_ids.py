@@ -46,3 +46,11 @@ def test_scope_releases() -> None:
 def test_bad_pool() -> None:
     with pytest.raises(CollectiveIdError):
         CollectiveIdAllocator(0)
+
+
+def test_id_for_is_stable_per_owner() -> None:
+    a = CollectiveIdAllocator(4)
+    first = a.id_for("coremesh.reduce")
+    assert a.id_for("coremesh.reduce") == first
+    assert a.id_for("other") != first
+    assert len(a.in_use) == 2

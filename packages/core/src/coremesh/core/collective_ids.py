@@ -45,6 +45,14 @@ class CollectiveIdAllocator:
             "a larger allocator",
         )
 
+    def id_for(self, owner: str) -> int:
+        """The id ``owner`` already holds, or a new one: a kernel traced again keeps its id."""
+        with self._lock:
+            for cid, who in self._owners.items():
+                if who == owner:
+                    return cid
+        return self.allocate(owner)
+
     def claim(self, cid: int, owner: str) -> int:
         """Take a specific id, refusing one outside the pool or already owned."""
         with self._lock:

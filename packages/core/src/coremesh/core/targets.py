@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from coremesh.core.chips import Chip, get_chip
 from coremesh.core.errors import ChipError
@@ -33,6 +33,11 @@ class Target(Protocol):
     def cores_per_device(self) -> int: ...
 
     def activate(self) -> contextlib.AbstractContextManager[object]: ...
+
+    def device_mesh(self, axis_name: str = "device") -> Any:
+        """A one-axis ``jax.sharding.Mesh`` over the target's devices, with ``Auto`` axis type
+        so ``shard_map`` over it reshards whatever arrays it is given."""
+        ...
 
 
 _current: contextvars.ContextVar[Target | None] = contextvars.ContextVar(
@@ -72,6 +77,16 @@ class HardwareTarget:
 
     def activate(self) -> contextlib.AbstractContextManager[object]:
         return using_target(self)
+
+    def device_mesh(self, axis_name: str = "device") -> Any:
+        import jax
+
+        return jax.make_mesh(
+            (self._n,),
+            (axis_name,),
+            devices=jax.devices("tpu")[: self._n],
+            axis_types=(jax.sharding.AxisType.Auto,),
+        )
 
     @classmethod
     def detect(cls) -> HardwareTarget | None:

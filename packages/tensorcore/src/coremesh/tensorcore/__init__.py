@@ -1,7 +1,35 @@
-"""coremesh.tensorcore: TensorCore meshes and kernels that split work across TensorCores."""
+"""coremesh.tensorcore: TensorCore meshes, kernels and pipelines that split work across cores.
+
+Array-level ops (``map_blocks``, ``reduce``, ``matmul``, ``gather_blocks``) are jittable and equal
+their jax.numpy references; ``kernel`` and ``pipeline`` are the building blocks they use.
+"""
 
 from coremesh.tensorcore.backend import TensorCoreBackend, TensorCoreKernel
+from coremesh.tensorcore.blocks import choose_block, choose_matmul_blocks
+from coremesh.tensorcore.devices import inside_shard_map, on_devices
+from coremesh.tensorcore.kernel import kernel
 from coremesh.tensorcore.mesh import TensorCoreMesh, mesh
+from coremesh.tensorcore.ops.gather_blocks import gather_blocks
+from coremesh.tensorcore.ops.map_blocks import map_blocks
+from coremesh.tensorcore.ops.matmul import matmul
+from coremesh.tensorcore.ops.reduce import reduce
+from coremesh.tensorcore.pipeline import core_share, pipeline
 
 __version__ = "0.1.0"
-__all__ = ["TensorCoreBackend", "TensorCoreKernel", "TensorCoreMesh", "mesh"]
+__all__ = [
+    "TensorCoreBackend",
+    "TensorCoreKernel",
+    "TensorCoreMesh",
+    "choose_block",
+    "choose_matmul_blocks",
+    "core_share",
+    "gather_blocks",
+    "inside_shard_map",
+    "kernel",
+    "map_blocks",
+    "matmul",
+    "mesh",
+    "on_devices",
+    "pipeline",
+    "reduce",
+]

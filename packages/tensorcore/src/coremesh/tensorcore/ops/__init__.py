@@ -1,0 +1,1 @@
+"""Array-level TensorCore ops, each equal to its jax.numpy reference."""

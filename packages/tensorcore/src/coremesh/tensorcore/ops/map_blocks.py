@@ -1,0 +1,91 @@
+"""``map_blocks``: an elementwise/blockwise function applied tile by tile, split across cores."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jax.experimental import pallas as pl
+from jax.sharding import PartitionSpec as P
+
+from coremesh.core import CostEstimate, LayoutError, Parallel, current_target
+from coremesh.tensorcore.blocks import choose_block
+from coremesh.tensorcore.devices import on_devices
+from coremesh.tensorcore.kernel import kernel
+from coremesh.tensorcore.pipeline import pipeline
+from coremesh.tensorcore.validate import check_2d, check_same, check_tiled
+
+
+def map_blocks(
+    f: Callable[..., jax.Array],
+    *arrays: jax.Array,
+    block: tuple[int, int] | None = None,
+) -> jax.Array:
+    """``f(*arrays)`` computed block by block on the TensorCores.
+
+    ``f`` must be blockwise: applied to same-shaped blocks it gives a block of the same shape
+    (elementwise functions always are). Rows are split over the devices of the target and, inside
+    a device, over its TensorCores (PARALLEL on the row axis of the pipeline).
+    """
+    if not arrays:
+        raise LayoutError("map_blocks needs at least one array", rule="f takes >= 1 operand")
+    t = current_target()
+    chip = t.chip
+    names = [f"arrays[{i}]" for i in range(len(arrays))]
+    rows, cols = check_2d(names[0], arrays[0], chip)
+    check_same(names, arrays, chip)
+    dtype = arrays[0].dtype
+    check_tiled(names[0], (rows, cols), dtype, chip, rows_over=t.num_devices)
+    local_rows = rows // t.num_devices
+    br, bc = block or choose_block(
+        local_rows, cols, dtype, chip=chip, operands=len(arrays) + 1, cores=t.cores_per_device
+    )
+    if local_rows % br or cols % bc:
+        raise LayoutError(
+            f"block ({br}, {bc}) does not divide the per-device array ({local_rows}, {cols})",
+            rule="every per-device dim is a whole number of blocks",
+            chip=chip.name,
+            fix="pick a block that divides it, or leave block=None to choose one",
+        )
+    out_block = jax.eval_shape(f, *[jax.ShapeDtypeStruct((br, bc), dtype)] * len(arrays))
+    if out_block.shape != (br, bc):
+        raise LayoutError(
+            f"f maps ({br}, {bc}) blocks to {out_block.shape}",
+            rule="map_blocks needs a blockwise f: block in, same-shaped block out",
+            chip=chip.name,
+            fix="use an elementwise f, or reshape outside the kernel",
+        )
+    out_dtype = out_block.dtype
+    spec = pl.BlockSpec((br, bc), lambda i, j: (i, j))
+
+    def block_body(*refs: Any) -> None:
+        *ins, out = refs
+        out[...] = f(*[r[...] for r in ins]).astype(out.dtype)
+
+    def body(*refs: Any) -> None:
+        pipeline(
+            block_body,
+            grid=(local_rows // br, cols // bc),
+            in_specs=[spec] * len(arrays),
+            out_specs=[spec],
+            split=Parallel("core", 0),
+        )(*refs)
+
+    size = local_rows * cols
+    cost = CostEstimate(
+        flops=size,
+        bytes_accessed=size * (dtype.itemsize * len(arrays) + out_dtype.itemsize),
+    )
+
+    def per_device(*xs: jax.Array) -> jax.Array:
+        k = kernel(
+            body,
+            out_type=jax.ShapeDtypeStruct((local_rows, cols), out_dtype),
+            name="coremesh_map_blocks",
+            cost_estimate=cost,
+        )
+        return k(*xs)
+
+    spec_rows = P("device", None)
+    return on_devices(per_device, in_specs=(spec_rows,) * len(arrays), out_specs=spec_rows)(*arrays)

@@ -1,0 +1,106 @@
+"""``matmul``: blocked MXU matmul with f32 accumulation, output rows split across cores."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.sharding import PartitionSpec as P
+
+from coremesh.core import CostEstimate, LayoutError, Parallel, check_matmul_dtypes, current_target
+from coremesh.tensorcore.blocks import choose_matmul_blocks
+from coremesh.tensorcore.devices import on_devices
+from coremesh.tensorcore.kernel import kernel
+from coremesh.tensorcore.pipeline import pipeline
+from coremesh.tensorcore.validate import check_2d, check_tiled
+
+
+def matmul(
+    a: jax.Array,
+    b: jax.Array,
+    *,
+    out_dtype: Any = jnp.float32,
+    blocks: tuple[int, int, int] | None = None,
+) -> jax.Array:
+    """``a @ b`` accumulated in float32, equal to ``jnp.matmul(a, b,
+    preferred_element_type=float32).astype(out_dtype)``.
+
+    Rows of ``a`` (and of the result) are split over the target's devices and, inside a device,
+    over its TensorCores (PARALLEL on the M axis); ``b`` is replicated.
+    """
+    t = current_target()
+    chip = t.chip
+    m, k = check_2d("a", a, chip)
+    k2, n = check_2d("b", b, chip)
+    if k != k2:
+        raise LayoutError(
+            f"a is ({m}, {k}) and b is ({k2}, {n}): inner dims differ",
+            rule="matmul needs a.shape[1] == b.shape[0]",
+            chip=chip.name,
+            fix="transpose or slice the operands so the contracting dims match",
+        )
+    check_matmul_dtypes(a.dtype, b.dtype, chip)
+    check_tiled("a", (m, k), a.dtype, chip, rows_over=t.num_devices)
+    check_tiled("b", (k, n), b.dtype, chip)
+    local_m = m // t.num_devices
+    bm, bk, bn = blocks or choose_matmul_blocks(
+        local_m, k, n, a.dtype, chip=chip, cores=t.cores_per_device
+    )
+    if local_m % bm or k % bk or n % bn:
+        raise LayoutError(
+            f"blocks ({bm}, {bk}, {bn}) do not divide ({local_m}, {k}, {n})",
+            rule="each of M (per device), K, N is a whole number of blocks",
+            chip=chip.name,
+            fix="pick blocks that divide the shapes, or leave blocks=None",
+        )
+    nk = k // bk
+
+    def block_body(a_ref: Any, b_ref: Any, o_ref: Any, acc_ref: Any) -> None:
+        kk = pl.program_id(2)
+
+        @pl.when(kk == 0)
+        def _init() -> None:
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+
+        @pl.when(kk == nk - 1)
+        def _store() -> None:
+            o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+    def body(a_hbm: Any, b_hbm: Any, o_hbm: Any, acc_ref: Any) -> None:
+        pipeline(
+            lambda a_ref, b_ref, o_ref: block_body(a_ref, b_ref, o_ref, acc_ref),
+            grid=(local_m // bm, n // bn, nk),
+            in_specs=[
+                pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
+                pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j)),
+            ],
+            out_specs=[pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j))],
+            split=Parallel("core", 0),
+        )(a_hbm, b_hbm, o_hbm)
+
+    out_itemsize = jnp.dtype(out_dtype).itemsize
+    cost = CostEstimate(
+        flops=2 * local_m * k * n,
+        bytes_accessed=local_m * k * a.dtype.itemsize
+        + (local_m // bm) * k * n * b.dtype.itemsize
+        + local_m * n * out_itemsize,
+    )
+
+    def per_device(a_local: jax.Array, b_full: jax.Array) -> jax.Array:
+        kern = kernel(
+            body,
+            out_type=jax.ShapeDtypeStruct((local_m, n), out_dtype),
+            scratch=[pltpu.VMEM((bm, bn), jnp.float32)],
+            name="coremesh_matmul",
+            cost_estimate=cost,
+        )
+        return kern(a_local, b_full)
+
+    return on_devices(
+        per_device, in_specs=(P("device", None), P(None, None)), out_specs=P("device", None)
+    )(a, b)

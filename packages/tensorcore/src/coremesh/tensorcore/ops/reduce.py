@@ -1,0 +1,207 @@
+"""``reduce``: sum / max / min along rows or columns, split across cores.
+
+Along columns (``axis=1``) every core owns whole rows, so its results are final. Along rows
+(``axis=0``) each core folds its share of rows into a VMEM partial; the partials of the cores are
+then combined through an inter-core DMA into core 0's VMEM (not a second pass through HBM), and
+only core 0 writes the result. Across devices the per-device results are combined with the
+matching ``jax.lax`` collective.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.sharding import PartitionSpec as P
+
+from coremesh.core import CostEstimate, LayoutError, Manual, Parallel, current_target
+from coremesh.tensorcore.blocks import choose_block
+from coremesh.tensorcore.devices import on_devices
+from coremesh.tensorcore.kernel import kernel
+from coremesh.tensorcore.pipeline import pipeline
+from coremesh.tensorcore.validate import check_2d, check_tiled
+
+Op = Literal["sum", "max", "min"]
+
+_COMBINE: dict[str, Callable[[Any, Any], Any]] = {
+    "sum": jnp.add,
+    "max": jnp.maximum,
+    "min": jnp.minimum,
+}
+_FOLD: dict[str, Callable[..., Any]] = {"sum": jnp.sum, "max": jnp.max, "min": jnp.min}
+_ACROSS_DEVICES = {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}
+
+
+def _acc_dtype(dtype: Any) -> Any:
+    return jnp.float32 if jnp.issubdtype(dtype, jnp.floating) else jnp.int32
+
+
+def _identity(op: str, dtype: Any) -> Any:
+    if op == "sum":
+        return 0
+    if jnp.issubdtype(dtype, jnp.floating):
+        return -jnp.inf if op == "max" else jnp.inf
+    info = jnp.iinfo(dtype)
+    return info.min if op == "max" else info.max
+
+
+def reduce(x: jax.Array, axis: int, op: Op = "sum") -> jax.Array:
+    """``jnp.sum/max/min(x, axis=axis)`` for a 2-D ``x``, accumulated in float32 (int32 for
+    integers) and returned in ``x.dtype``."""
+    t = current_target()
+    chip = t.chip
+    if op not in _COMBINE:
+        raise LayoutError(
+            f"unknown reduction {op!r}",
+            rule="reduce supports 'sum', 'max' and 'min'",
+            chip=chip.name,
+            fix="pass op='sum', 'max' or 'min'",
+        )
+    if axis not in (0, 1, -1, -2):
+        raise LayoutError(
+            f"axis={axis} for a 2-D array",
+            rule="reduce along rows (axis=0) or columns (axis=1)",
+            chip=chip.name,
+            fix="pass axis=0 or axis=1",
+        )
+    rows, cols = check_2d("x", x, chip)
+    check_tiled("x", (rows, cols), x.dtype, chip, rows_over=t.num_devices)
+    local_rows = rows // t.num_devices
+    acc_dtype = _acc_dtype(x.dtype)
+    br, bc = choose_block(
+        local_rows, cols, x.dtype, chip=chip, operands=2, cores=t.cores_per_device
+    )
+    cost = CostEstimate(
+        flops=local_rows * cols, bytes_accessed=local_rows * cols * x.dtype.itemsize
+    )
+    if axis in (1, -1):
+        per_device = _along_columns(local_rows, cols, br, bc, op, acc_dtype, cost)
+        out_spec = P("device")
+    else:
+        per_device = _along_rows(local_rows, cols, br, bc, op, acc_dtype, cost)
+        out_spec = P()
+
+        def combined(x_local: jax.Array, inner: Callable[..., Any] = per_device) -> jax.Array:
+            return _ACROSS_DEVICES[op](inner(x_local), "device")
+
+        per_device = combined
+    result = on_devices(per_device, in_specs=(P("device", None),), out_specs=out_spec)(x)
+    return result.astype(x.dtype)
+
+
+def _along_columns(
+    rows: int, cols: int, br: int, bc: int, op: str, acc_dtype: Any, cost: CostEstimate
+) -> Callable[[jax.Array], jax.Array]:
+    combine, fold = _COMBINE[op], _FOLD[op]
+
+    def block_body(x_ref: Any, o_ref: Any) -> None:
+        part = fold(x_ref[...].astype(acc_dtype), axis=1, keepdims=True)
+
+        @pl.when(pl.program_id(1) == 0)
+        def _first() -> None:
+            o_ref[...] = part
+
+        @pl.when(pl.program_id(1) > 0)
+        def _rest() -> None:
+            o_ref[...] = combine(o_ref[...], part)
+
+    def body(x_hbm: Any, o_hbm: Any) -> None:
+        pipeline(
+            block_body,
+            grid=(rows // br, cols // bc),
+            in_specs=[pl.BlockSpec((br, bc), lambda i, j: (i, j))],
+            out_specs=[pl.BlockSpec((br, 1), lambda i, j: (i, 0))],
+            split=Parallel("core", 0),
+        )(x_hbm, o_hbm)
+
+    def run(x_local: jax.Array) -> jax.Array:
+        kern = kernel(
+            body,
+            out_type=jax.ShapeDtypeStruct((rows, 1), acc_dtype),
+            name=f"coremesh_reduce_{op}_columns",
+            cost_estimate=cost,
+        )
+        return kern(x_local).reshape(rows)
+
+    return run
+
+
+def _along_rows(
+    rows: int, cols: int, br: int, bc: int, op: str, acc_dtype: Any, cost: CostEstimate
+) -> Callable[[jax.Array], jax.Array]:
+    combine, fold = _COMBINE[op], _FOLD[op]
+    sub = 8  # partials are kept as (8, cols) 32-bit sublane tiles
+
+    def body(x_hbm: Any, o_hbm: Any, acc: Any, recv: Any, send_sem: Any, recv_sem: Any) -> None:
+        core = jax.lax.axis_index("core")
+        cores = jax.lax.axis_size("core")
+        acc[...] = jnp.full(acc.shape, _identity(op, acc_dtype), acc_dtype)
+
+        def block_body(x_ref: Any) -> None:
+            part = fold(x_ref[...].astype(acc_dtype).reshape(br // sub, sub, bc), axis=0)
+            window = (slice(None), pl.ds(pl.program_id(1) * bc, bc))
+            acc[window] = combine(acc[window], part)
+
+        pipeline(
+            block_body,
+            grid=(rows // br, cols // bc),
+            in_specs=[pl.BlockSpec((br, bc), lambda i, j: (i, j))],
+            out_specs=[],
+            split=Manual("core", 0),
+        )(x_hbm)
+
+        if cores > 1:
+            # Every core reaches this point before any partial is sent (core 0's recv exists).
+            barrier = pltpu.get_barrier_semaphore()
+            for other in range(cores):
+
+                @pl.when(core != other)
+                def _signal(other: int = other) -> None:
+                    pl.semaphore_signal(barrier, 1, device_id={"core": other})
+
+            pl.semaphore_wait(barrier, cores - 1)
+
+            def send(src_core: Any) -> Any:
+                return pltpu.make_async_remote_copy(
+                    acc, recv.at[src_core], send_sem, recv_sem, device_id={"core": 0}
+                )
+
+            @pl.when(core != 0)
+            def _send() -> None:
+                copy = send(core)
+                copy.start()
+                copy.wait_send()
+
+            @pl.when(core == 0)
+            def _gather() -> None:
+                for other in range(1, cores):
+                    send(other).wait_recv()
+                    acc[...] = combine(acc[...], recv[other])
+
+        @pl.when(core == 0)
+        def _write() -> None:
+            acc[...] = jnp.broadcast_to(fold(acc[...], axis=0, keepdims=True), acc.shape)
+            pltpu.sync_copy(acc, o_hbm)
+
+    def run(x_local: jax.Array) -> jax.Array:
+        cores = current_target().cores_per_device
+        kern = kernel(
+            body,
+            out_type=jax.ShapeDtypeStruct((sub, cols), acc_dtype),
+            scratch=[
+                pltpu.VMEM((sub, cols), acc_dtype),
+                pltpu.VMEM((cores, sub, cols), acc_dtype),
+                pltpu.SemaphoreType.DMA,
+                pltpu.SemaphoreType.DMA,
+            ],
+            name=f"coremesh_reduce_{op}_rows",
+            collective_id="auto" if cores > 1 else None,
+            cost_estimate=cost,
+        )
+        return kern(x_local)[0]
+
+    return run
