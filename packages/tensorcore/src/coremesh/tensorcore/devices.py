@@ -21,6 +21,12 @@ def inside_shard_map(axis: str) -> bool:
     return axis in getattr(mesh, "manual_axes", ())
 
 
+def device_shards(axis: str = "device") -> int:
+    """How many pieces an op's arrays are in: 1 inside a user's ``shard_map`` (the op sees its
+    local shard), else the target's device count (the op shard_maps itself)."""
+    return 1 if inside_shard_map(axis) else current_target().num_devices
+
+
 def on_devices(
     fn: Callable[..., Any],
     *,

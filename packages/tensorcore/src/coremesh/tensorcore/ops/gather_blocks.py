@@ -25,7 +25,7 @@ from coremesh.core import (
     tile_shape,
 )
 from coremesh.tensorcore.blocks import choose_block
-from coremesh.tensorcore.devices import on_devices
+from coremesh.tensorcore.devices import device_shards, on_devices
 from coremesh.tensorcore.kernel import kernel
 from coremesh.tensorcore.pipeline import pipeline
 from coremesh.tensorcore.validate import check_2d, check_tiled
@@ -41,6 +41,7 @@ def gather_blocks(x: jax.Array, indices: jax.Array, *, block_rows: int | None = 
     """
     t = current_target()
     chip = t.chip
+    shards = device_shards()
     rows, cols = check_2d("x", x, chip)
     br = block_rows or tile_shape(x.dtype, chip)[0]
     check_tiled("x", (rows, cols), x.dtype, chip)
@@ -61,14 +62,14 @@ def gather_blocks(x: jax.Array, indices: jax.Array, *, block_rows: int | None = 
             fix="pass a 1-D int32 array",
         )
     n = idx_shape[0]
-    if n % t.num_devices:
+    if n % shards:
         raise LayoutError(
-            f"{n} indices do not split over {t.num_devices} devices",
+            f"{n} indices do not split over {shards} devices",
             rule="each device gathers the same number of blocks",
             chip=chip.name,
-            fix=f"pad the indices to a multiple of {t.num_devices}",
+            fix=f"pad the indices to a multiple of {shards}",
         )
-    local_n = n // t.num_devices
+    local_n = n // shards
     check_fits(local_n * 4, chip, "smem", what="the prefetched index vector")
     if not isinstance(indices, jax.core.Tracer):
         host = np.asarray(indices)

@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 from coremesh.core import CostEstimate, LayoutError, Parallel, current_target
 from coremesh.tensorcore.blocks import choose_block
-from coremesh.tensorcore.devices import on_devices
+from coremesh.tensorcore.devices import device_shards, on_devices
 from coremesh.tensorcore.kernel import kernel
 from coremesh.tensorcore.pipeline import pipeline
 from coremesh.tensorcore.validate import check_2d, check_same, check_tiled
@@ -32,12 +32,13 @@ def map_blocks(
         raise LayoutError("map_blocks needs at least one array", rule="f takes >= 1 operand")
     t = current_target()
     chip = t.chip
+    shards = device_shards()
     names = [f"arrays[{i}]" for i in range(len(arrays))]
     rows, cols = check_2d(names[0], arrays[0], chip)
     check_same(names, arrays, chip)
     dtype = arrays[0].dtype
-    check_tiled(names[0], (rows, cols), dtype, chip, rows_over=t.num_devices)
-    local_rows = rows // t.num_devices
+    check_tiled(names[0], (rows, cols), dtype, chip, rows_over=shards)
+    local_rows = rows // shards
     br, bc = block or choose_block(
         local_rows, cols, dtype, chip=chip, operands=len(arrays) + 1, cores=t.cores_per_device
     )

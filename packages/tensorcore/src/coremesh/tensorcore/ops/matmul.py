@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 from coremesh.core import CostEstimate, LayoutError, Parallel, check_matmul_dtypes, current_target
 from coremesh.tensorcore.blocks import choose_matmul_blocks
-from coremesh.tensorcore.devices import on_devices
+from coremesh.tensorcore.devices import device_shards, on_devices
 from coremesh.tensorcore.kernel import kernel
 from coremesh.tensorcore.pipeline import pipeline
 from coremesh.tensorcore.validate import check_2d, check_tiled
@@ -33,6 +33,7 @@ def matmul(
     """
     t = current_target()
     chip = t.chip
+    shards = device_shards()
     m, k = check_2d("a", a, chip)
     k2, n = check_2d("b", b, chip)
     if k != k2:
@@ -43,9 +44,9 @@ def matmul(
             fix="transpose or slice the operands so the contracting dims match",
         )
     check_matmul_dtypes(a.dtype, b.dtype, chip)
-    check_tiled("a", (m, k), a.dtype, chip, rows_over=t.num_devices)
+    check_tiled("a", (m, k), a.dtype, chip, rows_over=shards)
     check_tiled("b", (k, n), b.dtype, chip)
-    local_m = m // t.num_devices
+    local_m = m // shards
     bm, bk, bn = blocks or choose_matmul_blocks(
         local_m, k, n, a.dtype, chip=chip, cores=t.cores_per_device
     )

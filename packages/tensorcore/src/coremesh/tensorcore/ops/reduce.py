@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from coremesh.core import CostEstimate, LayoutError, Manual, Parallel, current_target
 from coremesh.tensorcore.blocks import choose_block
-from coremesh.tensorcore.devices import on_devices
+from coremesh.tensorcore.devices import device_shards, on_devices
 from coremesh.tensorcore.kernel import kernel
 from coremesh.tensorcore.pipeline import pipeline
 from coremesh.tensorcore.validate import check_2d, check_tiled
@@ -54,6 +54,7 @@ def reduce(x: jax.Array, axis: int, op: Op = "sum") -> jax.Array:
     integers) and returned in ``x.dtype``."""
     t = current_target()
     chip = t.chip
+    shards = device_shards()
     if op not in _COMBINE:
         raise LayoutError(
             f"unknown reduction {op!r}",
@@ -69,8 +70,8 @@ def reduce(x: jax.Array, axis: int, op: Op = "sum") -> jax.Array:
             fix="pass axis=0 or axis=1",
         )
     rows, cols = check_2d("x", x, chip)
-    check_tiled("x", (rows, cols), x.dtype, chip, rows_over=t.num_devices)
-    local_rows = rows // t.num_devices
+    check_tiled("x", (rows, cols), x.dtype, chip, rows_over=shards)
+    local_rows = rows // shards
     acc_dtype = _acc_dtype(x.dtype)
     br, bc = choose_block(
         local_rows, cols, x.dtype, chip=chip, operands=2, cores=t.cores_per_device
@@ -84,11 +85,12 @@ def reduce(x: jax.Array, axis: int, op: Op = "sum") -> jax.Array:
     else:
         per_device = _along_rows(local_rows, cols, br, bc, op, acc_dtype, cost)
         out_spec = P()
+        if shards > 1:  # the op shard_maps itself: combine the devices' results here
 
-        def combined(x_local: jax.Array, inner: Callable[..., Any] = per_device) -> jax.Array:
-            return _ACROSS_DEVICES[op](inner(x_local), "device")
+            def combined(x_local: jax.Array, inner: Callable[..., Any] = per_device) -> jax.Array:
+                return _ACROSS_DEVICES[op](inner(x_local), "device")
 
-        per_device = combined
+            per_device = combined
     result = on_devices(per_device, in_specs=(P("device", None),), out_specs=out_spec)(x)
     return result.astype(x.dtype)
 

@@ -1,0 +1,129 @@
+"""TensorCore ops on the simulator, each against its jax.numpy / numpy reference."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import coremesh.tensorcore as tc
+from coremesh.testing import simulate
+
+# (chip, devices): v5p has 2 TensorCores per device (megacore), v6e one.
+TARGETS = [("v5p", 1), ("v5p", 2), ("v6e", 2)]
+
+
+@pytest.fixture(params=TARGETS, ids=[f"{c}x{d}" for c, d in TARGETS])
+def target(request: pytest.FixtureRequest) -> Iterator[Any]:
+    chip, devices = request.param
+    with simulate(chip, devices, deadline=20.0) as sim:
+        yield sim
+
+
+def data(shape: tuple[int, ...], dtype: Any, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if jnp.issubdtype(dtype, jnp.integer):
+        return rng.integers(-1000, 1000, shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def exact(shape: tuple[int, ...], dtype: Any, seed: int = 0) -> np.ndarray:
+    """Quarter-integers below 16: elementwise results are exact even in bfloat16."""
+    rng = np.random.default_rng(seed)
+    return (rng.integers(-64, 64, shape) / 4).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int32])
+def test_map_blocks(target: Any, dtype: Any) -> None:
+    x, y = exact((96, 384), dtype, 1), exact((96, 384), dtype, 2)
+    out = jax.jit(lambda a, b: tc.map_blocks(lambda u, v: u * 3 - v, a, b))(x, y)
+    ref = jnp.asarray(x) * 3 - jnp.asarray(y)
+    assert out.dtype == ref.dtype
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(ref, np.float32))
+
+
+def test_map_blocks_changes_dtype_blockwise(target: Any) -> None:
+    x = data((64, 256), jnp.float32)
+    out = tc.map_blocks(lambda u: (u > 0).astype(jnp.int32), jnp.asarray(x))
+    np.testing.assert_array_equal(np.asarray(out), (x > 0).astype(np.int32))
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int32])
+def test_reduce(target: Any, op: str, axis: int, dtype: Any) -> None:
+    x = data((96, 640), dtype, 3)  # not powers of two: 3 row tiles of 32, 5 lane tiles
+    out = jax.jit(lambda a: tc.reduce(a, axis, op))(x)  # type: ignore[arg-type]
+    ref = getattr(jnp, op)(jnp.asarray(x, jnp.float32 if dtype == jnp.bfloat16 else dtype), axis)
+    assert out.shape == ref.shape and out.dtype == jnp.dtype(dtype)
+    if op == "sum" and dtype != jnp.int32:
+        tol = 2e-2 if dtype == jnp.bfloat16 else 1e-4
+        np.testing.assert_allclose(
+            np.asarray(out, np.float32), np.asarray(ref, np.float32), rtol=tol, atol=tol
+        )
+    else:
+        np.testing.assert_array_equal(
+            np.asarray(out, np.float32), np.asarray(ref.astype(dtype), np.float32)
+        )
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_matmul(target: Any, dtype: Any) -> None:
+    a, b = jnp.asarray(data((96, 384), dtype, 4)), jnp.asarray(data((384, 256), dtype, 5))
+    out = jax.jit(tc.matmul)(a, b)
+    ref = jnp.matmul(a, b, preferred_element_type=jnp.float32)
+    assert out.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-5, atol=1e-3)
+
+
+def test_matmul_small_blocks_accumulate_over_k(target: Any) -> None:
+    a, b = jnp.asarray(data((32, 512), jnp.float32, 6)), jnp.asarray(data((512, 128), jnp.float32))
+    out = tc.matmul(a, b, blocks=(8, 128, 128), out_dtype=jnp.bfloat16)
+    ref = jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+    np.testing.assert_allclose(
+        np.asarray(out, np.float32), np.asarray(ref, np.float32), rtol=1e-2, atol=1e-1
+    )
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_gather_blocks(target: Any, dtype: Any) -> None:
+    x = data((160, 384), dtype, 7)
+    br = 16 if dtype == jnp.bfloat16 else 8
+    idx = np.array([9, 0, 3, 3, 7, 1], np.int32)[: 6 - (6 % target.num_devices)]
+    out = tc.gather_blocks(jnp.asarray(x), jnp.asarray(idx), block_rows=br)
+    ref = x.reshape(-1, br, 384)[idx].reshape(-1, 384)
+    np.testing.assert_array_equal(np.asarray(out, np.float32), ref.astype(np.float32))
+
+
+def test_gather_blocks_clips_traced_indices_like_take(target: Any) -> None:
+    x = data((64, 128), jnp.float32, 8)
+    idx = jnp.array([0, 100], jnp.int32)  # 100 is past the last of 8 blocks
+    out = jax.jit(tc.gather_blocks)(jnp.asarray(x), idx)
+    ref = jnp.take(jnp.asarray(x).reshape(8, 8, 128), idx, axis=0, mode="clip").reshape(-1, 128)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(ref))
+
+
+def test_ops_inside_a_users_shard_map(target: Any) -> None:
+    """Called inside shard_map, ops work on the local shard and do not wrap themselves again."""
+    n = target.num_devices
+    x = data((32 * n, 256), jnp.float32, 9)
+
+    def local(xs: jax.Array) -> jax.Array:
+        assert tc.inside_shard_map("device")
+        return tc.map_blocks(jnp.negative, xs)
+
+    f = jax.jit(
+        jax.shard_map(
+            local,
+            mesh=target.device_mesh(),
+            in_specs=P("device", None),
+            out_specs=P("device", None),
+            check_vma=False,
+        )
+    )
+    np.testing.assert_array_equal(np.asarray(f(x)), -x)
