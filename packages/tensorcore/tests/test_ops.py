@@ -127,3 +127,16 @@ def test_ops_inside_a_users_shard_map(target: Any) -> None:
         )
     )
     np.testing.assert_array_equal(np.asarray(f(x)), -x)
+
+
+def test_ops_on_one_core_of_a_megacore_device() -> None:
+    """A caller may keep an op on one TensorCore (e.g. to leave the other to another kernel)."""
+    with simulate("v5p", 1, deadline=20.0) as sim:
+        one = tc.TensorCoreMesh(sim.chip, 1)
+        x = exact((64, 256), jnp.float32, 10)
+        np.testing.assert_array_equal(
+            np.asarray(tc.map_blocks(jnp.negative, jnp.asarray(x), mesh=one)), -x
+        )
+        np.testing.assert_array_equal(
+            np.asarray(tc.reduce(jnp.asarray(x), 0, "max", mesh=one)), x.max(0)
+        )

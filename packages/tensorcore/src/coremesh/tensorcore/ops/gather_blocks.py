@@ -27,11 +27,19 @@ from coremesh.core import (
 from coremesh.tensorcore.blocks import choose_block
 from coremesh.tensorcore.devices import device_shards, on_devices
 from coremesh.tensorcore.kernel import kernel
+from coremesh.tensorcore.mesh import TensorCoreMesh
+from coremesh.tensorcore.mesh import mesh as target_mesh
 from coremesh.tensorcore.pipeline import pipeline
 from coremesh.tensorcore.validate import check_2d, check_tiled
 
 
-def gather_blocks(x: jax.Array, indices: jax.Array, *, block_rows: int | None = None) -> jax.Array:
+def gather_blocks(
+    x: jax.Array,
+    indices: jax.Array,
+    *,
+    block_rows: int | None = None,
+    mesh: TensorCoreMesh | None = None,
+) -> jax.Array:
     """Rows ``x[indices[i] * block_rows : (indices[i] + 1) * block_rows]`` for every ``i``.
 
     Equal to ``x.reshape(-1, block_rows, C)[indices].reshape(-1, C)``. Concrete indices out of
@@ -40,6 +48,7 @@ def gather_blocks(x: jax.Array, indices: jax.Array, *, block_rows: int | None = 
     the indices are split over the devices.
     """
     t = current_target()
+    core_mesh = mesh if mesh is not None else target_mesh()
     chip = t.chip
     shards = device_shards()
     rows, cols = check_2d("x", x, chip)
@@ -104,6 +113,7 @@ def gather_blocks(x: jax.Array, indices: jax.Array, *, block_rows: int | None = 
         clipped = jnp.clip(idx_local.astype(jnp.int32), 0, nblocks - 1)
         kern = kernel(
             body,
+            mesh=core_mesh,
             out_type=jax.ShapeDtypeStruct((local_n * br, cols), x.dtype),
             scratch=[pltpu.SMEM((local_n,), jnp.int32)],
             name="coremesh_gather_blocks",

@@ -13,6 +13,8 @@ from coremesh.core import CostEstimate, LayoutError, Parallel, current_target
 from coremesh.tensorcore.blocks import choose_block
 from coremesh.tensorcore.devices import device_shards, on_devices
 from coremesh.tensorcore.kernel import kernel
+from coremesh.tensorcore.mesh import TensorCoreMesh
+from coremesh.tensorcore.mesh import mesh as target_mesh
 from coremesh.tensorcore.pipeline import pipeline
 from coremesh.tensorcore.validate import check_2d, check_same, check_tiled
 
@@ -21,6 +23,7 @@ def map_blocks(
     f: Callable[..., jax.Array],
     *arrays: jax.Array,
     block: tuple[int, int] | None = None,
+    mesh: TensorCoreMesh | None = None,
 ) -> jax.Array:
     """``f(*arrays)`` computed block by block on the TensorCores.
 
@@ -31,6 +34,7 @@ def map_blocks(
     if not arrays:
         raise LayoutError("map_blocks needs at least one array", rule="f takes >= 1 operand")
     t = current_target()
+    core_mesh = mesh if mesh is not None else target_mesh()
     chip = t.chip
     shards = device_shards()
     names = [f"arrays[{i}]" for i in range(len(arrays))]
@@ -40,7 +44,7 @@ def map_blocks(
     check_tiled(names[0], (rows, cols), dtype, chip, rows_over=shards)
     local_rows = rows // shards
     br, bc = block or choose_block(
-        local_rows, cols, dtype, chip=chip, operands=len(arrays) + 1, cores=t.cores_per_device
+        local_rows, cols, dtype, chip=chip, operands=len(arrays) + 1, cores=core_mesh.cores
     )
     if local_rows % br or cols % bc:
         raise LayoutError(
@@ -82,6 +86,7 @@ def map_blocks(
     def per_device(*xs: jax.Array) -> jax.Array:
         k = kernel(
             body,
+            mesh=core_mesh,
             out_type=jax.ShapeDtypeStruct((local_rows, cols), out_dtype),
             name="coremesh_map_blocks",
             cost_estimate=cost,

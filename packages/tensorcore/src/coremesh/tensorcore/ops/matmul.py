@@ -14,6 +14,8 @@ from coremesh.core import CostEstimate, LayoutError, Parallel, check_matmul_dtyp
 from coremesh.tensorcore.blocks import choose_matmul_blocks
 from coremesh.tensorcore.devices import device_shards, on_devices
 from coremesh.tensorcore.kernel import kernel
+from coremesh.tensorcore.mesh import TensorCoreMesh
+from coremesh.tensorcore.mesh import mesh as target_mesh
 from coremesh.tensorcore.pipeline import pipeline
 from coremesh.tensorcore.validate import check_2d, check_tiled
 
@@ -24,6 +26,7 @@ def matmul(
     *,
     out_dtype: Any = jnp.float32,
     blocks: tuple[int, int, int] | None = None,
+    mesh: TensorCoreMesh | None = None,
 ) -> jax.Array:
     """``a @ b`` accumulated in float32, equal to ``jnp.matmul(a, b,
     preferred_element_type=float32).astype(out_dtype)``.
@@ -32,6 +35,7 @@ def matmul(
     over its TensorCores (PARALLEL on the M axis); ``b`` is replicated.
     """
     t = current_target()
+    core_mesh = mesh if mesh is not None else target_mesh()
     chip = t.chip
     shards = device_shards()
     m, k = check_2d("a", a, chip)
@@ -48,7 +52,7 @@ def matmul(
     check_tiled("b", (k, n), b.dtype, chip)
     local_m = m // shards
     bm, bk, bn = blocks or choose_matmul_blocks(
-        local_m, k, n, a.dtype, chip=chip, cores=t.cores_per_device
+        local_m, k, n, a.dtype, chip=chip, cores=core_mesh.cores
     )
     if local_m % bm or k % bk or n % bn:
         raise LayoutError(
@@ -95,6 +99,7 @@ def matmul(
     def per_device(a_local: jax.Array, b_full: jax.Array) -> jax.Array:
         kern = kernel(
             body,
+            mesh=core_mesh,
             out_type=jax.ShapeDtypeStruct((local_m, n), out_dtype),
             scratch=[pltpu.VMEM((bm, bn), jnp.float32)],
             name="coremesh_matmul",

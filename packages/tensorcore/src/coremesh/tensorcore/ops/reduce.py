@@ -22,6 +22,8 @@ from coremesh.core import CostEstimate, LayoutError, Manual, Parallel, current_t
 from coremesh.tensorcore.blocks import choose_block
 from coremesh.tensorcore.devices import device_shards, on_devices
 from coremesh.tensorcore.kernel import kernel
+from coremesh.tensorcore.mesh import TensorCoreMesh
+from coremesh.tensorcore.mesh import mesh as target_mesh
 from coremesh.tensorcore.pipeline import pipeline
 from coremesh.tensorcore.validate import check_2d, check_tiled
 
@@ -49,10 +51,13 @@ def _identity(op: str, dtype: Any) -> Any:
     return info.min if op == "max" else info.max
 
 
-def reduce(x: jax.Array, axis: int, op: Op = "sum") -> jax.Array:
+def reduce(
+    x: jax.Array, axis: int, op: Op = "sum", *, mesh: TensorCoreMesh | None = None
+) -> jax.Array:
     """``jnp.sum/max/min(x, axis=axis)`` for a 2-D ``x``, accumulated in float32 (int32 for
     integers) and returned in ``x.dtype``."""
     t = current_target()
+    core_mesh = mesh if mesh is not None else target_mesh()
     chip = t.chip
     shards = device_shards()
     if op not in _COMBINE:
@@ -73,17 +78,15 @@ def reduce(x: jax.Array, axis: int, op: Op = "sum") -> jax.Array:
     check_tiled("x", (rows, cols), x.dtype, chip, rows_over=shards)
     local_rows = rows // shards
     acc_dtype = _acc_dtype(x.dtype)
-    br, bc = choose_block(
-        local_rows, cols, x.dtype, chip=chip, operands=2, cores=t.cores_per_device
-    )
+    br, bc = choose_block(local_rows, cols, x.dtype, chip=chip, operands=2, cores=core_mesh.cores)
     cost = CostEstimate(
         flops=local_rows * cols, bytes_accessed=local_rows * cols * x.dtype.itemsize
     )
     if axis in (1, -1):
-        per_device = _along_columns(local_rows, cols, br, bc, op, acc_dtype, cost)
+        per_device = _along_columns(core_mesh, local_rows, cols, br, bc, op, acc_dtype, cost)
         out_spec = P("device")
     else:
-        per_device = _along_rows(local_rows, cols, br, bc, op, acc_dtype, cost)
+        per_device = _along_rows(core_mesh, local_rows, cols, br, bc, op, acc_dtype, cost)
         out_spec = P()
         if shards > 1:  # the op shard_maps itself: combine the devices' results here
 
@@ -96,7 +99,14 @@ def reduce(x: jax.Array, axis: int, op: Op = "sum") -> jax.Array:
 
 
 def _along_columns(
-    rows: int, cols: int, br: int, bc: int, op: str, acc_dtype: Any, cost: CostEstimate
+    core_mesh: TensorCoreMesh,
+    rows: int,
+    cols: int,
+    br: int,
+    bc: int,
+    op: str,
+    acc_dtype: Any,
+    cost: CostEstimate,
 ) -> Callable[[jax.Array], jax.Array]:
     combine, fold = _COMBINE[op], _FOLD[op]
 
@@ -123,6 +133,7 @@ def _along_columns(
     def run(x_local: jax.Array) -> jax.Array:
         kern = kernel(
             body,
+            mesh=core_mesh,
             out_type=jax.ShapeDtypeStruct((rows, 1), acc_dtype),
             name=f"coremesh_reduce_{op}_columns",
             cost_estimate=cost,
@@ -133,7 +144,14 @@ def _along_columns(
 
 
 def _along_rows(
-    rows: int, cols: int, br: int, bc: int, op: str, acc_dtype: Any, cost: CostEstimate
+    core_mesh: TensorCoreMesh,
+    rows: int,
+    cols: int,
+    br: int,
+    bc: int,
+    op: str,
+    acc_dtype: Any,
+    cost: CostEstimate,
 ) -> Callable[[jax.Array], jax.Array]:
     combine, fold = _COMBINE[op], _FOLD[op]
     sub = 8  # partials are kept as (8, cols) 32-bit sublane tiles
@@ -190,9 +208,10 @@ def _along_rows(
             pltpu.sync_copy(acc, o_hbm)
 
     def run(x_local: jax.Array) -> jax.Array:
-        cores = current_target().cores_per_device
+        cores = core_mesh.cores
         kern = kernel(
             body,
+            mesh=core_mesh,
             out_type=jax.ShapeDtypeStruct((sub, cols), acc_dtype),
             scratch=[
                 pltpu.VMEM((sub, cols), acc_dtype),
