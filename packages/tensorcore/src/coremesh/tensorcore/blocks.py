@@ -2,13 +2,14 @@
 
 A pipeline double-buffers every operand's block in VMEM, so the block budget is the chip's scoped
 VMEM limit (16 MiB on v4/v5e/v5p, 32 MiB on v6e/TPU7x) shared by ``operands`` x 2 buffers, with
-half kept back for the body's temporaries. Lanes are made as wide as the array allows (lane-dense
-DMAs and stores) and rows leave every core at least one block, so a PARALLEL split has work for
-each core.
+a quarter kept back for the body's temporaries, and at most ``MAX_BLOCK_BYTES_PER_CORE`` per
+core. Lanes are made as wide as the array allows (lane-dense DMAs and stores) and rows leave
+every core at least one block, so a PARALLEL split has work for each core.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from coremesh.core import Chip, get_chip, tile_shape
@@ -28,21 +29,44 @@ def _largest_divisor(n: int, unit: int, cap: int) -> int:
     return best
 
 
-def block_budget(chip: str | Chip, operands: int) -> int:
+#: Past about 1 MiB per core a block only shortens the pipeline: per-step overhead is already
+#: amortised and fewer steps leave less to overlap. Measured with libtpu's static estimates on
+#: v5e, v5p, v6e and TPU7x (benchmarks/bench_tensorcore.py); a megacore device, whose two cores
+#: stream at once, does best with twice that.
+MAX_BLOCK_BYTES_PER_CORE = 1 << 20
+
+
+def block_budget(chip: str | Chip, operands: int, cores: int = 1) -> int:
     """Bytes one block may take for a pipeline with ``operands`` double-buffered operands."""
     c = get_chip(chip)
-    return c.scoped_vmem_default_bytes // (2 * 2 * max(operands, 1))
+    scoped = c.scoped_vmem_default_bytes * 3 // (4 * 2 * max(operands, 1))
+    return min(MAX_BLOCK_BYTES_PER_CORE * cores, scoped)
 
 
 def choose_block(
-    rows: int, cols: int, dtype: Any, *, chip: str | Chip, operands: int, cores: int = 1
+    rows: int,
+    cols: int,
+    dtype: Any,
+    *,
+    chip: str | Chip,
+    operands: int,
+    cores: int = 1,
+    row_align: int = 1,
 ) -> tuple[int, int]:
-    """A (rows, cols) block for a 2-D elementwise/reduction pipeline on ``chip``."""
+    """A (rows, cols) block for a 2-D elementwise/reduction pipeline on ``chip``.
+
+    ``row_align``: block rows must also be a multiple of this (e.g. 128 when rows become lanes
+    of the output); when ``rows`` is not, the block spans all rows.
+    """
     c = get_chip(chip)
     sub, lane = tile_shape(dtype, c)
     bc = _largest_divisor(cols, lane, MAX_LANES)
+    if row_align > 1:
+        if rows % row_align:
+            return rows, bc
+        sub = math.lcm(sub, row_align)
     per_core = rows // cores if rows % (cores * sub) == 0 else rows
-    cap_rows = max(sub, block_budget(c, operands) // (bc * itemsize(dtype)))
+    cap_rows = max(sub, block_budget(c, operands, cores) // (bc * itemsize(dtype)))
     br = _largest_divisor(per_core, sub, cap_rows)
     return br, bc
 
@@ -50,19 +74,39 @@ def choose_block(
 def choose_matmul_blocks(
     m: int, k: int, n: int, dtype: Any, *, chip: str | Chip, cores: int = 1
 ) -> tuple[int, int, int]:
-    """(bm, bk, bn) for a blocked matmul: MXU-aligned k/n, rows split evenly over cores."""
+    """(bm, bk, bn) for a blocked matmul on ``chip``.
+
+    Among blocks that fit the chip's scoped VMEM (inputs double-buffered, the float32 output
+    block double-buffered and used as accumulator), take the highest arithmetic intensity
+    (flops per byte brought in: grows with bm and bn), then the fewest k steps. k and n are
+    multiples of 128 (the MXU's width on every generation; 256-wide MXUs get up to 1024 columns);
+    bm leaves each core at least one row block.
+    """
     c = get_chip(chip)
     sub, _ = tile_shape(dtype, c)
     size = itemsize(dtype)
-    bn = _largest_divisor(n, 128, 512 if c.mxu_size == 128 else 1024)
-    bk = _largest_divisor(k, 128, 512 if c.mxu_size == 128 else 1024)
     per_core = m // cores if m % (cores * sub) == 0 else m
-    budget = c.scoped_vmem_default_bytes // 2
-    bm = sub
-    for cand in range(sub, min(per_core, 1024) + 1, sub):
-        if per_core % cand:
-            continue
-        need = 2 * (cand * bk + bk * bn) * size + 2 * cand * bn * 4 + cand * bn * 4
-        if need <= budget:
-            bm = cand
-    return bm, bk, bn
+    budget = c.scoped_vmem_default_bytes * 3 // 4
+    max_n = 512 if c.mxu_size == 128 else 1024
+
+    def fits(bm: int, bk: int, bn: int) -> bool:
+        return 2 * (bm * bk + bk * bn) * size + 2 * bm * bn * 4 <= budget
+
+    best: tuple[float, int, tuple[int, int, int]] | None = None
+    for bk in _divisors(k, 128, 2048):
+        for bn in _divisors(n, 128, max_n):
+            for bm in _divisors(per_core, sub, 1024):
+                if not fits(bm, bk, bn):
+                    continue
+                score = (bm * bn / (bm + bn), bk)
+                if best is None or score > best[:2]:
+                    best = (*score, (bm, bk, bn))
+    if best is None:
+        return sub, 128, 128
+    return best[2]
+
+
+def _divisors(n: int, unit: int, cap: int) -> list[int]:
+    """Multiples of ``unit`` that divide ``n``, up to ``cap`` (``[unit]`` if there are none)."""
+    found = [d for d in range(unit, min(n, cap) + 1, unit) if n % d == 0]
+    return found or [unit]

@@ -63,22 +63,36 @@ def matmul(
         )
     nk = k // bk
 
-    def block_body(a_ref: Any, b_ref: Any, o_ref: Any, acc_ref: Any) -> None:
+    # A float32 output block stays in VMEM across the k steps (its index does not change), so it
+    # is its own accumulator; other output dtypes accumulate in a float32 scratch block. With a
+    # single k step there is nothing to accumulate.
+    direct = nk == 1 or jnp.dtype(out_dtype) == jnp.float32
+
+    def block_body(a_ref: Any, b_ref: Any, o_ref: Any, *scratch: Any) -> None:
+        product = jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+        if nk == 1:
+            o_ref[...] = product.astype(o_ref.dtype)
+            return
+        acc_ref = o_ref if direct else scratch[0]
         kk = pl.program_id(2)
 
         @pl.when(kk == 0)
-        def _init() -> None:
-            acc_ref[...] = jnp.zeros_like(acc_ref)
+        def _first() -> None:
+            acc_ref[...] = product
 
-        acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+        @pl.when(kk > 0)
+        def _accumulate() -> None:
+            acc_ref[...] += product
 
-        @pl.when(kk == nk - 1)
-        def _store() -> None:
-            o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+        if not direct:
 
-    def body(a_hbm: Any, b_hbm: Any, o_hbm: Any, acc_ref: Any) -> None:
+            @pl.when(kk == nk - 1)
+            def _store() -> None:
+                o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+    def body(a_hbm: Any, b_hbm: Any, o_hbm: Any, *scratch: Any) -> None:
         pipeline(
-            lambda a_ref, b_ref, o_ref: block_body(a_ref, b_ref, o_ref, acc_ref),
+            lambda a_ref, b_ref, o_ref: block_body(a_ref, b_ref, o_ref, *scratch),
             grid=(local_m // bm, n // bn, nk),
             in_specs=[
                 pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
@@ -101,7 +115,7 @@ def matmul(
             body,
             mesh=core_mesh,
             out_type=jax.ShapeDtypeStruct((local_m, n), out_dtype),
-            scratch=[pltpu.VMEM((bm, bn), jnp.float32)],
+            scratch=[] if direct else [pltpu.VMEM((bm, bn), jnp.float32)],
             name="coremesh_matmul",
             cost_estimate=cost,
         )

@@ -78,7 +78,16 @@ def reduce(
     check_tiled("x", (rows, cols), x.dtype, chip, rows_over=shards)
     local_rows = rows // shards
     acc_dtype = _acc_dtype(x.dtype)
-    br, bc = choose_block(local_rows, cols, x.dtype, chip=chip, operands=2, cores=core_mesh.cores)
+    # Along columns each row's result becomes a lane of the output: row blocks of 128.
+    br, bc = choose_block(
+        local_rows,
+        cols,
+        x.dtype,
+        chip=chip,
+        operands=2,
+        cores=core_mesh.cores,
+        row_align=128 if axis in (1, -1) else 1,
+    )
     cost = CostEstimate(
         flops=local_rows * cols, bytes_accessed=local_rows * cols * x.dtype.itemsize
     )
@@ -111,7 +120,10 @@ def _along_columns(
     combine, fold = _COMBINE[op], _FOLD[op]
 
     def block_body(x_ref: Any, o_ref: Any) -> None:
-        part = fold(x_ref[...].astype(acc_dtype), axis=1, keepdims=True)
+        # Fold each row across lanes, then turn the (br, 1) column into a lane-dense (1, br) row:
+        # a (rows, 1) output would be padded to 128 lanes per row in HBM (128x the bytes).
+        column = fold(x_ref[...].astype(acc_dtype), axis=1, keepdims=True)
+        part = jnp.transpose(jnp.broadcast_to(column, (br, 128)))[0:1, :]
 
         @pl.when(pl.program_id(1) == 0)
         def _first() -> None:
@@ -126,7 +138,7 @@ def _along_columns(
             block_body,
             grid=(rows // br, cols // bc),
             in_specs=[pl.BlockSpec((br, bc), lambda i, j: (i, j))],
-            out_specs=[pl.BlockSpec((br, 1), lambda i, j: (i, 0))],
+            out_specs=[pl.BlockSpec((1, br), lambda i, j: (0, i))],
             split=Parallel("core", 0),
         )(x_hbm, o_hbm)
 
@@ -134,7 +146,7 @@ def _along_columns(
         kern = kernel(
             body,
             mesh=core_mesh,
-            out_type=jax.ShapeDtypeStruct((rows, 1), acc_dtype),
+            out_type=jax.ShapeDtypeStruct((1, rows), acc_dtype),
             name=f"coremesh_reduce_{op}_columns",
             cost_estimate=cost,
         )

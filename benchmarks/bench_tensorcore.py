@@ -1,0 +1,239 @@
+"""TensorCore benchmark: libtpu's static cycle estimates for coremesh's ops on every generation.
+
+For each op at benchmark size (at least 8 MiB moved per device) and each chip it reports the
+kernel's cycles, XLA's own cycles for the same jax.numpy computation, the roofline bound from the
+chip registry and the ratios; on v5p it also compiles map_blocks and matmul forced onto one of
+the two TensorCores, to show what megacore buys. No TPU is needed.
+
+Writes ``tensorcore.md``, ``tensorcore.json`` and ``tensorcore.png`` to ``--out``.
+
+    python benchmarks/bench_tensorcore.py --out bench-results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+import coremesh.tensorcore as tc
+from coremesh.core import current_target
+from coremesh.testing.aot import Arg, FunctionProgram, Work, jitted_program
+
+ROWS = P("device", None)
+MiB = 1 << 20
+CHIPS = ("v5e", "v5p", "v6e", "TPU7x")
+#: Targets the issue sets: 2 cores at most this share of 1 core's cycles; kernel vs XLA at most.
+MEGACORE_TARGET, XLA_TARGET = 0.6, 1.2
+
+
+def _one_core() -> tc.TensorCoreMesh:
+    return tc.TensorCoreMesh(current_target().chip, 1)
+
+
+def _program(
+    name: str,
+    kernel: Callable[..., Any],
+    reference: Callable[..., Any],
+    args: Callable[[int], list[Arg]],
+    work: Callable[[int], Work],
+) -> FunctionProgram:
+    xla = jitted_program(reference, args, name=f"{name}[xla]")
+    return FunctionProgram(
+        name=name,
+        builder=lambda _mesh: jax.jit(kernel),
+        args=args,
+        xla_reference=xla,
+        work_fn=work,
+    )
+
+
+def _map(n: int) -> list[Arg]:
+    return [Arg((2048 * n, 1024), jnp.float32, ROWS)] * 2
+
+
+def _map_work(_n: int) -> Work:
+    return Work(bytes_accessed=3 * 8 * MiB, flops=2 * 2048 * 1024, peak_dtype="float32")
+
+
+def _mm(n: int) -> list[Arg]:
+    return [Arg((2048 * n, 2048), jnp.bfloat16, ROWS), Arg((2048, 2048), jnp.bfloat16)]
+
+
+def _mm_work(_n: int) -> Work:
+    return Work(bytes_accessed=8 * MiB + 8 * MiB + 16 * MiB, flops=2 * 2048**3)
+
+
+def _red(n: int) -> list[Arg]:
+    return [Arg((4096 * n, 1024), jnp.float32, ROWS)]
+
+
+def _red_work(_n: int) -> Work:
+    return Work(bytes_accessed=16 * MiB, flops=4096 * 1024, peak_dtype="float32")
+
+
+def _gather(n: int) -> list[Arg]:
+    return [Arg((8192, 1024), jnp.float32), Arg((256 * n,), jnp.int32, P("device"))]
+
+
+def _gather_work(_n: int) -> Work:
+    return Work(bytes_accessed=2 * 256 * 8 * 1024 * 4)
+
+
+def _map_f(x: jax.Array, y: jax.Array) -> jax.Array:
+    return x * 2 + y
+
+
+def _mm_ref(a: jax.Array, b: jax.Array) -> jax.Array:
+    return jnp.matmul(a, b, preferred_element_type=jnp.float32)
+
+
+def _gather_ref(x: jax.Array, idx: jax.Array) -> jax.Array:
+    return jnp.take(x.reshape(-1, 8, x.shape[1]), idx, axis=0, mode="clip").reshape(-1, x.shape[1])
+
+
+PROGRAMS: dict[str, FunctionProgram] = {
+    "map_blocks": _program(
+        "map_blocks", lambda x, y: tc.map_blocks(_map_f, x, y), _map_f, _map, _map_work
+    ),
+    "map_blocks_1core": _program(
+        "map_blocks_1core",
+        lambda x, y: tc.map_blocks(_map_f, x, y, mesh=_one_core()),
+        _map_f,
+        _map,
+        _map_work,
+    ),
+    "matmul": _program("matmul", tc.matmul, _mm_ref, _mm, _mm_work),
+    "matmul_1core": _program(
+        "matmul_1core", lambda a, b: tc.matmul(a, b, mesh=_one_core()), _mm_ref, _mm, _mm_work
+    ),
+    "reduce_rows": _program(
+        "reduce_rows", lambda x: tc.reduce(x, 0, "sum"), lambda x: x.sum(0), _red, _red_work
+    ),
+    "reduce_columns": _program(
+        "reduce_columns", lambda x: tc.reduce(x, 1, "max"), lambda x: x.max(1), _red, _red_work
+    ),
+    "gather_blocks": _program(
+        "gather_blocks", tc.gather_blocks, _gather_ref, _gather, _gather_work
+    ),
+}
+
+
+def _row(e: Any, xla: dict[tuple[str, str], Any]) -> dict[str, Any]:
+    from coremesh.testing.aot import cycles_to_seconds
+
+    x = xla.get((e.program, e.chip))
+    kc, xc = e.kernel_cycles, (x.cycles if x is not None else None)
+    seconds = cycles_to_seconds(kc, e.chip) if kc else None
+    return {
+        "program": e.program,
+        "chip": e.chip,
+        "status": e.status,
+        "kernel_cycles": kc,
+        "xla_cycles": xc,
+        "kernel_vs_xla": (kc / xc) if kc and xc else None,
+        "kernel_us": seconds * 1e6 if seconds else None,
+        "roofline_us": e.roofline.bound_s * 1e6 if e.roofline else None,
+        "vs_roofline": e.roofline.ratio(seconds) if e.roofline and seconds else None,
+        "note": e.note,
+    }
+
+
+def _fmt(v: Any, spec: str = ".2f") -> str:
+    if v is None:
+        return "-"
+    return format(v, spec) if isinstance(v, float) else str(v)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="bench-results")
+    parser.add_argument("--chips", default=",".join(CHIPS))
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    from coremesh.testing.aot import profile
+
+    chips = args.chips.split(",")
+    refs = [f"{Path(__file__).resolve()}:PROGRAMS[{name}]" for name in PROGRAMS]
+
+    def progress(p: Any) -> None:
+        if p.result is not None:
+            print(f"  [{p.index}/{p.total}] {p.chip} {p.program}", file=sys.stderr, flush=True)
+
+    print(f"static cycles: {len(refs)} programs x {len(chips)} chips", file=sys.stderr)
+    estimates = profile(refs, chips, devices=4, jobs=args.jobs, progress=progress)
+    xla = {(e.program.removesuffix("[xla]"), e.chip): e for e in estimates if e.variant == "xla"}
+    rows = [_row(e, xla) for e in estimates if e.variant == "kernel"]
+
+    by = {(r["program"], r["chip"]): r for r in rows}
+    megacore = {}
+    for op in ("map_blocks", "matmul"):
+        two, one = by.get((op, "v5p")), by.get((f"{op}_1core", "v5p"))
+        if two and one and two["kernel_cycles"] and one["kernel_cycles"]:
+            megacore[op] = two["kernel_cycles"] / one["kernel_cycles"]
+
+    lines = [
+        "# TensorCore ops: libtpu static cycle estimates",
+        "",
+        "Per device, benchmark sizes (>= 8 MiB moved per device). `kernel/XLA` compares the",
+        f"coremesh kernel with XLA's own jnp version (target <= {XLA_TARGET}); `vs roofline` is",
+        "the kernel's time over the registry's roofline bound.",
+        "",
+        "| op | chip | kernel cycles | XLA cycles | kernel/XLA | kernel us | roofline us "
+        "| vs roofline |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['program']} | {r['chip']} | {_fmt(r['kernel_cycles'])} | "
+            f"{_fmt(r['xla_cycles'])} | {_fmt(r['kernel_vs_xla'])} | {_fmt(r['kernel_us'], '.1f')}"
+            f" | {_fmt(r['roofline_us'], '.1f')} | {_fmt(r['vs_roofline'])} |"
+        )
+    lines += ["", f"## Megacore on v5p (2 cores / 1 core cycles, target <= {MEGACORE_TARGET})", ""]
+    lines += [f"- {op}: {ratio:.2f}" for op, ratio in megacore.items()]
+    text = "\n".join(lines) + "\n"
+    (out / "tensorcore.md").write_text(text)
+    (out / "tensorcore.json").write_text(
+        json.dumps({"rows": rows, "megacore_v5p": megacore}, indent=2, default=str)
+    )
+    _chart(rows, out / "tensorcore.png")
+    print(text)
+    return 0
+
+
+def _chart(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in rows if r["kernel_us"] and r["roofline_us"]]
+    if not shown:
+        return
+    labels = [f"{r['program']}\n{r['chip']}" for r in shown]
+    fig, ax = plt.subplots(figsize=(max(8, len(shown) * 0.45), 4.5))
+    xs = range(len(shown))
+    ax.bar([x - 0.2 for x in xs], [r["kernel_us"] for r in shown], 0.4, label="coremesh kernel")
+    ax.bar([x + 0.2 for x in xs], [r["roofline_us"] for r in shown], 0.4, label="roofline bound")
+    ax.set_xticks(list(xs), labels, rotation=90, fontsize=7)
+    ax.set_ylabel("microseconds (static estimate)")
+    ax.set_yscale("log")
+    ax.set_title("TensorCore ops: libtpu static estimate vs roofline, per device")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
