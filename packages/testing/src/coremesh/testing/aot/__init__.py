@@ -1,0 +1,102 @@
+"""Compile-only checks for every TPU generation, static cycle estimates and a roofline.
+
+libtpu's real compiler runs on a machine without a TPU. This package compiles a program for each
+TPU generation (``compile_program``/``compile_matrix``), turns the compiler's rejections into
+coremesh errors that say what to change (``explain``), refuses what cannot work before tracing
+(``validate``), reads libtpu's static cycle estimates in child processes (``profile``) and puts them
+next to a roofline bound from the chip registry (``roofline_for``).
+
+    from coremesh.testing import aot
+    from coremesh.testing.guide import PROGRAMS
+
+    for r in aot.compile_program(PROGRAMS["add_one"], chips=("v5e", "v5p", "v6e", "TPU7x")):
+        print(r.chip, r.status, r.compile_seconds, r.error)
+
+    estimates = aot.profile(["coremesh.testing.aot.guide:PROGRAMS[add_one]"])
+    print(aot.cycles_table(estimates))
+"""
+
+# First: sets libtpu's process defaults before anything can load it (see _env).
+from coremesh.testing.aot import _env  # noqa: F401  # isort: skip
+from coremesh.testing.aot.compile import (
+    DEFAULT_CHIPS,
+    CompileResult,
+    MemoryFigures,
+    Progress,
+    compile_matrix,
+    compile_on,
+    compile_program,
+)
+from coremesh.testing.aot.cycles import CycleEstimate, OpCycles, profile
+from coremesh.testing.aot.diagnose import (
+    CompilerCapacityError,
+    CompilerError,
+    CompilerLayoutError,
+    CompilerMeshError,
+    CompilerUnsupportedError,
+    DiagnosedError,
+    explain,
+)
+from coremesh.testing.aot.program import (
+    Arg,
+    FunctionProgram,
+    Program,
+    ProgramError,
+    ProgramRef,
+    as_programs,
+    jitted_program,
+    load,
+)
+from coremesh.testing.aot.report import cycles_table, matrix_table, to_json
+from coremesh.testing.aot.roofline import Roofline, Work, cycles_to_seconds, roofline_for
+from coremesh.testing.aot.topology import CompileTarget, TopologySpec, topology_for
+from coremesh.testing.aot.validate import (
+    BlockUse,
+    Declared,
+    Scratch,
+    validate_program,
+    validate_traced,
+)
+
+__all__ = [
+    "DEFAULT_CHIPS",
+    "Arg",
+    "BlockUse",
+    "CompileResult",
+    "CompileTarget",
+    "CompilerCapacityError",
+    "CompilerError",
+    "CompilerLayoutError",
+    "CompilerMeshError",
+    "CompilerUnsupportedError",
+    "CycleEstimate",
+    "Declared",
+    "DiagnosedError",
+    "FunctionProgram",
+    "MemoryFigures",
+    "OpCycles",
+    "Program",
+    "ProgramError",
+    "ProgramRef",
+    "Progress",
+    "Roofline",
+    "Scratch",
+    "TopologySpec",
+    "Work",
+    "as_programs",
+    "compile_matrix",
+    "compile_on",
+    "compile_program",
+    "cycles_table",
+    "cycles_to_seconds",
+    "explain",
+    "jitted_program",
+    "load",
+    "matrix_table",
+    "profile",
+    "roofline_for",
+    "to_json",
+    "topology_for",
+    "validate_program",
+    "validate_traced",
+]

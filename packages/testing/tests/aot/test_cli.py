@@ -1,0 +1,125 @@
+"""The ``coremesh`` command: info, check and profile, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from coremesh.core.chips import CHIPS
+from coremesh.testing.cli import main
+from coremesh.testing.guide import PROGRAMS as GUIDE
+
+
+def test_info_lists_every_chip_from_the_registry(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    for c in CHIPS.values():
+        line = next(ln for ln in out.splitlines() if ln.startswith(c.name + " "))
+        assert c.device_kind in line
+        assert f"{c.hbm_bytes_per_s / 1e12:.2f}" in line
+        assert c.default_topology in line
+
+
+def test_info_json_is_the_registry(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info", "--json"]) == 0
+    doc = {d["name"]: d for d in json.loads(capsys.readouterr().out)}
+    assert set(doc) == set(CHIPS)
+    v5p_sc = CHIPS["v5p"].sparsecore
+    assert v5p_sc is not None and doc["v5p"]["sparsecore"]["subcores"] == v5p_sc.subcores
+    assert doc["v5e"]["sparsecore"] is None
+    assert doc["TPU7x"]["clock_hz"] == CHIPS["TPU7x"].clock_hz
+
+
+def test_check_the_guide_programs(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["check", "coremesh.testing.guide:PROGRAMS", "--chips", "v5e,v6e"])
+    captured = capsys.readouterr()
+    assert code == 0
+    rows = {ln.split()[0]: ln.split()[1:] for ln in captured.out.splitlines()[2:7]}
+    assert rows["add_one"][0] == "ok" and rows["add_one"][2] == "ok"
+    assert rows["sc_add_one"][0] == "n/a" and rows["sc_add_one"][1] == "ok"
+    progress = [ln for ln in captured.err.splitlines() if ln.startswith("[")]
+    assert len(progress) == 10 and progress[-1].startswith("[10/10] compile")
+    assert "10/10 as expected" in captured.err
+
+
+def test_check_json_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "check",
+            "coremesh.testing.guide:PROGRAMS[add_one]",
+            "--chips",
+            "TPU7x",
+            "--json",
+            "-",
+            "-q",
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 0 and captured.err == ""
+    (entry,) = json.loads(captured.out)["compile"]
+    assert (entry["program"], entry["chip"], entry["status"]) == ("add_one", "TPU7x", "ok")
+
+
+def test_check_fails_on_a_program_that_does_not_compile(
+    capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    out = tmp_path / "aot.json"
+    code = main(
+        [
+            "check",
+            "coremesh.testing.aot.samples:VMEM_48_MIB",
+            "--chips",
+            "v5e",
+            "--no-validate",
+            "--json",
+            str(out),
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "FAIL scoped_vmem (!)" in captured.out
+    assert "vmem_limit_bytes" in captured.out  # the fix is in the report
+    assert json.loads(out.read_text())["compile"][0]["error"]["code"] == "E1001"
+
+
+def test_check_reports_a_bad_reference_as_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "coremesh.testing.guide:NOTHING"]) == 2
+    assert "no attribute 'NOTHING'" in capsys.readouterr().err
+
+
+def test_unknown_chip_is_an_argument_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["check", "coremesh.testing.guide:PROGRAMS", "--chips", "v9z"])
+    assert e.value.code == 2
+    assert "unknown chip 'v9z'" in capsys.readouterr().err
+
+
+def test_profile_prints_cycles_roofline_and_ratio(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        ["profile", "coremesh.testing.aot.samples:ADD_ONE", "--chips", "v5p", "--json", "-"]
+    )
+    captured = capsys.readouterr()
+    assert code == 0
+    entries = {d["variant"]: d for d in json.loads(captured.out)["cycles"]}
+    assert set(entries) == {"kernel", "xla"}
+    for d in entries.values():
+        assert d["status"] == "ok" and d["cycles"] > 0
+        assert d["ratio"] == pytest.approx(d["seconds"] / d["roofline"]["bound_s"])
+    assert "[2/2] profile" in captured.err
+
+
+def test_aot_all_checks_the_shipped_programs_and_a_baseline(
+    capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    assert main(["aot-all", "--chips", "v5e", "-q", "--json", "-"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {d["program"] for d in doc["compile"]} >= set(GUIDE)
+    # A baseline in which sc_add_one compiled on v5e: now it does not, which is a regression.
+    for d in doc["compile"]:
+        d["status"] = "ok"
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(json.dumps(doc))
+    assert main(["aot-all", "--chips", "v5e", "-q", "--baseline", str(baseline)]) == 1
+    assert "regression: sc_add_one on v5e" in capsys.readouterr().err

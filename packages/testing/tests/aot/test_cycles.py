@@ -1,0 +1,239 @@
+"""Static cycle estimates: coremesh's table against libtpu's own dump of the same compiles."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+
+from coremesh.core.chips import CHIPS
+from coremesh.testing.aot import CycleEstimate, ProgramError, cycles_table, profile, to_json
+from coremesh.testing.aot import samples as kp
+from coremesh.testing.aot.cycles import (
+    parse_sparsecore_bundles,
+    parse_static_profile,
+    parse_tensorcore_bundles,
+)
+from coremesh.testing.guide import PROGRAMS as GUIDE
+
+ESTIMATED = ("v5e", "v5p", "v6e", "TPU7x")
+
+# An independent compile of the guide's add_one and of plain-jnp x + 1, with nothing from
+# coremesh.testing.aot: libtpu's static profile read straight from its dump directory.
+REFERENCE = textwrap.dedent(
+    """
+    import glob, json, os, re, shutil, sys
+    import numpy as np
+    import jax
+    from jax.experimental import topologies
+    from jax.sharding import Mesh, NamedSharding
+    from coremesh.testing.guide import PROGRAMS
+
+    dump = sys.argv[1]
+    program = PROGRAMS["add_one"]
+    out = {}
+    for chip, topo in [("v5e", "v5e:2x2"), ("v5p", "v5p:2x2x1"), ("v6e", "v6e:2x2"),
+                       ("TPU7x", "TPU7x:2x1x1")]:
+        devices = topologies.get_topology_desc(topology_name=topo, platform="tpu").devices
+        mesh = Mesh(np.array(devices), ("device",))
+        (spec,) = program.in_specs()
+        (x,) = program.arg_specs(len(devices))
+        arg = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, spec))
+        plain = jax.jit(jax.shard_map(lambda v: v + 1, mesh=mesh, in_specs=spec,
+                                      out_specs=spec))
+        for variant in ("kernel", "xla"):
+            shutil.rmtree(dump, ignore_errors=True)
+            with jax.set_mesh(mesh):
+                fn = program.build(mesh) if variant == "kernel" else plain
+                fn.lower(arg).compile()
+            cycles = {}
+            for path in glob.glob(os.path.join(dump, "*.textproto")):
+                text = open(path).read()
+                name = re.search(r'hlo_op_name: "([^"]+)"', text).group(1)
+                cycles[name] = int(re.search(r"estimated_cycles: (\\d+)", text).group(1))
+            out.setdefault(chip, {})[variant] = cycles
+    print(json.dumps(out))
+    """
+)
+
+
+Estimates = dict[tuple[str, str, str], CycleEstimate]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    dump = str(tmp_path_factory.mktemp("reference") / "sp")
+    env = dict(os.environ)
+    env.update(
+        LIBTPU_INIT_ARGS=f"--xla_jf_dump_static_llo_profile_to={dump}",
+        JAX_PLATFORMS="cpu",
+        ALLOW_MULTIPLE_LIBTPU_LOAD="1",
+        TPU_ACCELERATOR_TYPE="v5p-8",
+        TPU_WORKER_HOSTNAMES="localhost",
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", REFERENCE, dump],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        check=True,
+    )
+    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
+
+
+@pytest.fixture(scope="module")
+def estimates() -> Estimates:
+    refs = [
+        "coremesh.testing.aot.guide:PROGRAMS[add_one]",
+        "coremesh.testing.aot.guide:PROGRAMS[sc_add_one]",
+    ]
+    results = profile(refs, list(CHIPS), jobs=2)
+    return {(r.program, r.variant, r.chip): r for r in results}
+
+
+@pytest.mark.parametrize("chip", ESTIMATED)
+@pytest.mark.parametrize("variant", ["kernel", "xla"])
+def test_add_one_cycles_are_libtpus(
+    estimates: Estimates, reference: dict[str, Any], chip: str, variant: str
+) -> None:
+    r = estimates["add_one", variant, chip]
+    assert r.status == "ok"
+    assert {o.name: o.cycles for o in r.ops} == reference[chip][variant]
+    cycles = sum(reference[chip][variant].values())
+    assert r.cycles == cycles
+    kinds = {o.kind for o in r.ops}
+    assert kinds == ({"mosaic"} if variant == "kernel" else {"xla"})
+    assert r.seconds == pytest.approx(cycles / CHIPS[chip].clock_hz)
+
+
+@pytest.mark.parametrize("chip", ESTIMATED)
+def test_add_one_roofline_and_ratio(estimates: Estimates, chip: str) -> None:
+    # By hand: each device reads and writes its 256 x 1024 float32 shard once.
+    (x,) = GUIDE["add_one"].arg_specs(4)
+    shard = x.shape[0] // 4 * x.shape[1] * 4
+    c = CHIPS[chip]
+    bandwidth = c.hbm_bytes_per_s * c.default_cores_per_device / c.tensorcores_per_chip
+    bound = 2 * shard / bandwidth
+    for variant in ("kernel", "xla"):
+        r = estimates["add_one", variant, chip]
+        assert r.roofline is not None
+        assert r.roofline.bound_s == pytest.approx(bound)
+        assert r.cycles is not None
+        assert r.ratio == pytest.approx(r.cycles / c.clock_hz / bound)
+
+
+def test_v4_has_no_estimate_but_bundles(estimates: Estimates) -> None:
+    for variant in ("kernel", "xla"):
+        r = estimates["add_one", variant, "v4"]
+        assert r.status == "no_estimate" and r.cycles is None
+        assert "static profile aborted" in str(r.note)
+        assert r.bundles and r.bundles > 0
+
+
+@pytest.mark.parametrize("chip", ["v5p", "v6e", "TPU7x"])
+def test_sparsecore_kernel_has_bundles_not_cycles(estimates: Estimates, chip: str) -> None:
+    r = estimates["sc_add_one", "kernel", chip]
+    assert r.status == "no_estimate" and r.cycles is None
+    assert r.sparsecore_bundles.get("scs", 0) > 0 and r.sparsecore_bundles.get("tec", 0) > 0
+    assert "SparseCore" in str(r.note)
+    # Its XLA version runs on the TensorCore and does get an estimate.
+    assert estimates["sc_add_one", "xla", chip].status == "ok"
+
+
+@pytest.mark.parametrize("chip", ["v4", "v5e"])
+def test_sparsecore_kernel_on_chips_without_sparsecores(estimates: Estimates, chip: str) -> None:
+    r = estimates["sc_add_one", "kernel", chip]
+    assert r.status == "unsupported"
+    assert r.error is not None and "SparseCores" in r.error["what"]
+
+
+def test_table_and_json(estimates: Estimates) -> None:
+    results = list(estimates.values())
+    table = cycles_table(results, "markdown")
+    v5p = estimates["add_one", "kernel", "v5p"]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines()[2:]]
+    row = next(r for r in rows if r[:2] == ["add_one", "v5p"])
+    assert row[2] == f"{v5p.cycles:,}"
+    assert next(r for r in rows if r[:2] == ["sc_add_one", "v5e"])[2] == "n/a"
+    assert "Dma latency model is currently only supported" in table
+    doc = json.loads(to_json(cycle_results=results))
+    entry = next(
+        d
+        for d in doc["cycles"]
+        if (d["program"], d["variant"], d["chip"]) == ("add_one", "kernel", "v5p")
+    )
+    assert entry["cycles"] == v5p.cycles and entry["ratio"] == pytest.approx(v5p.ratio)
+
+
+SLOW_MODULE = textwrap.dedent(
+    """
+    import dataclasses
+    import time
+    from coremesh.testing.aot import Work, samples
+
+    class Slow:
+        name = "slow"
+        def build(self, mesh):
+            time.sleep(120)
+        def arg_specs(self, n):
+            return samples.ADD_ONE.arg_specs(n)
+        def in_specs(self):
+            return samples.ADD_ONE.in_specs()
+
+    # The same kernel with the work it declares for the roofline: 1 GB per device.
+    DECLARED = dataclasses.replace(
+        samples.ADD_ONE, name="declared_work", work_fn=lambda n: Work(bytes_accessed=10**9)
+    )
+    PROGRAMS = [Slow(), samples.ADD_ONE, DECLARED]
+    """
+)
+
+
+def test_a_hung_compile_times_out_and_the_rest_still_runs(tmp_path: Any) -> None:
+    module = tmp_path / "slow_programs.py"
+    module.write_text(SLOW_MODULE)
+    results = profile([f"{module}:PROGRAMS"], ["v6e"], include_xla=False, timeout_s=5)
+    by_name = {r.program: r for r in results}
+    assert by_name["slow"].status == "timeout"
+    assert by_name[kp.ADD_ONE.name].status == "ok"
+    declared = by_name["declared_work"]
+    assert declared.cycles == by_name[kp.ADD_ONE.name].cycles
+    assert declared.roofline is not None
+    assert declared.roofline.bound_s == pytest.approx(10**9 / CHIPS["v6e"].hbm_bytes_per_s)
+
+
+def test_programs_must_be_findable_by_reference() -> None:
+    with pytest.raises(ProgramError, match="module level"):
+        profile([kp.add_one()], ["v5e"])
+
+
+def test_parsers_read_libtpus_dump_formats(tmp_path: Any) -> None:
+    sp = tmp_path / "sp"
+    sp.mkdir()
+    (sp / "k.1_TPU v5_static_llo_profile.textproto").write_text(
+        'hlo_op_estimate {\n  hlo_op_name: "k.1"\n  estimated_cycles: 123\n'
+        "  num_equivalent_hlos: 1\n}\n"
+    )
+    assert parse_static_profile(str(sp)) == {"k.1": 123}
+    jf = tmp_path / "jf"
+    jf.mkdir()
+    (jf / "17-k.1-00-schedule-analysis_final_bundles.txt").write_text(
+        "Schedule analysis:\n\ttotal scheduled bundles:    93\n"
+    )
+    (jf / "17-TLP-00-schedule-analysis_final_bundles.txt").write_text(
+        "total scheduled bundles: 5\n"
+    )
+    assert parse_tensorcore_bundles(str(jf)) == {"k.1": 93}
+    scb = tmp_path / "scb"
+    scb.mkdir()
+    (scb / "jit_f_1_bundles.txt").write_text(
+        "scs\nmain:\n0x0: {  s1 = sld  }\n0x1: {  _ = snop  }\ntec\nexec:\n0x0: {  v0 = vld  }\n"
+    )
+    assert parse_sparsecore_bundles(str(scb)) == {"scs": 2, "tec": 1}
