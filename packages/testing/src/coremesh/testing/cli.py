@@ -368,9 +368,10 @@ def _info(args: argparse.Namespace, stdout: TextIO) -> int:
     return EXIT_OK
 
 
-def _demo(stderr: TextIO) -> int:
-    stderr.write("coremesh demo: not available in this version\n")
-    return EXIT_FAILED
+def _demo(stdout: TextIO) -> int:
+    from coremesh.testing.demo import main as demo
+
+    return EXIT_FAILED if demo(stdout) else EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -385,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _profile(args, stdout, stderr)
         if args.command == "aot-all":
             return _aot_all(args, stdout, stderr)
-        return _demo(stderr)
+        return _demo(stdout)
     except CoremeshError as e:
         stderr.write(f"coremesh {args.command}: {e}\n")
         return EXIT_USAGE

@@ -1,0 +1,220 @@
+"""``coremesh demo``: the core_map guide's programs end to end, on a laptop CPU.
+
+1. the chip registry; 2. the guide's five programs on a simulated v5p slice (4 devices x 2
+TensorCores, both DMA modes, and 1 device), each checked against numpy; 3. the TensorCore ops on
+the simulator; 4. every program compiled by libtpu for every TPU generation; 5. a kernel that
+waits for a semaphore nobody signals, turned into an error instead of a hang. Exit status 1 if
+anything does not match its reference or does not compile where it should.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, Literal, TextIO
+
+from coremesh.core import CHIPS
+
+HOST_DEVICES = 8
+
+
+class _Log:
+    def __init__(self, out: TextIO) -> None:
+        self.out, self.failures = out, 0
+
+    def section(self, title: str) -> None:
+        self.out.write(f"\n== {title} ==\n")
+        self.out.flush()
+
+    def line(self, text: str) -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def check(self, label: str, run: Callable[[], float | None]) -> None:
+        """Run one check; print OK with its wall time, or FAIL with the reason."""
+        t = time.perf_counter()
+        try:
+            detail = run()
+        except Exception as e:  # a demo reports every failure and carries on
+            self.failures += 1
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            self.line(f"  FAIL  {label}: {type(e).__name__}: {first[:200]}")
+            return
+        took = time.perf_counter() - t
+        extra = f", warm call {detail * 1e3:.0f} ms" if detail is not None else ""
+        self.line(f"  ok    {label}  ({took:.2f} s{extra})")
+
+
+def _chips(log: _Log) -> None:
+    log.section("1. The TPU generations coremesh knows (coremesh.core.CHIPS)")
+    log.line(f"  {'chip':6} {'TC/device':>9} {'SparseCore':>12} {'VMEM/TC':>8} {'HBM TB/s':>9}")
+    for c in CHIPS.values():
+        sc = f"{c.sparsecore.cores}x{c.sparsecore.subcores}" if c.sparsecore else "none"
+        log.line(
+            f"  {c.name:6} {c.default_cores_per_device:>9} {sc:>12} "
+            f"{c.vmem_bytes_per_core >> 20:>5} MiB {c.hbm_bytes_per_s / 1e12:>9.2f}"
+        )
+
+
+def _guide(log: _Log) -> None:
+    import numpy as np
+
+    from coremesh.testing.guide import PROGRAMS
+    from coremesh.testing.sim import simulate
+
+    configs: list[tuple[int, Literal["on_wait", "eager"]]] = [
+        (4, "on_wait"),
+        (4, "eager"),
+        (1, "on_wait"),
+    ]
+    log.section("2. The core_map guide's programs on the CPU simulator (chip v5p)")
+    for devices, mode in configs:
+        with simulate("v5p", devices, dma_execution_mode=mode) as sim:
+            where = f"{devices} device(s) x {sim.cores_per_device} TensorCores, DMA {mode}"
+            for name, program in PROGRAMS.items():
+                if program.uses_sparsecore:
+                    sc = sim.chip.sparsecore
+                    assert sc is not None
+                    where_p = (
+                        f"{devices} device(s) x {sc.cores} SparseCores x {sc.subcores} subcores"
+                    )
+                else:
+                    where_p = where
+
+                def run(p: Any = program) -> float:
+                    mesh = sim.mesh()
+                    fn = p.build(mesh)
+                    inputs = p.make_inputs(mesh, seed=1)
+                    got = np.asarray(sim.run(fn, *inputs))
+                    t = time.perf_counter()
+                    sim.run(fn, *inputs)
+                    warm = time.perf_counter() - t
+                    want = p.expected(
+                        *(np.asarray(a) for a in inputs), num_cores=sim.cores_per_device
+                    )
+                    np.testing.assert_array_equal(got, want)
+                    return warm
+
+                log.check(f"{name:16} on {where_p}: equals numpy", run)
+
+
+def _tensorcore_ops(log: _Log) -> None:
+    try:
+        import coremesh.tensorcore as tc
+    except ImportError:
+        log.section("3. coremesh.tensorcore ops (skipped: coremesh-tensorcore not installed)")
+        return
+    import jax.numpy as jnp
+    import numpy as np
+
+    from coremesh.testing.sim import simulate
+
+    log.section("3. coremesh.tensorcore ops on the simulator (v5p, 2 devices x 2 TensorCores)")
+    rng = np.random.default_rng(0)
+    x = (rng.integers(-64, 64, (256, 512)) / 4).astype(np.float32)
+    y = (rng.integers(-64, 64, (256, 512)) / 4).astype(np.float32)
+    with simulate("v5p", 2):
+        checks: list[tuple[str, Callable[[], Any], Any]] = [
+            (
+                "map_blocks(x * 2 + y)",
+                lambda: tc.map_blocks(lambda u, v: u * 2 + v, x, y),
+                x * 2 + y,
+            ),
+            (
+                "reduce(x, axis=0, 'sum') (cores combine by inter-core DMA)",
+                lambda: tc.reduce(jnp.asarray(x), 0, "sum"),
+                x.sum(0),
+            ),
+            ("reduce(x, axis=1, 'max')", lambda: tc.reduce(jnp.asarray(x), 1, "max"), x.max(1)),
+            (
+                "matmul(x, y.T) in bf16 -> f32",
+                lambda: tc.matmul(
+                    jnp.asarray(x, jnp.bfloat16), jnp.asarray(y.T[:, :256], jnp.bfloat16)
+                ),
+                x @ y.T[:, :256],
+            ),
+            (
+                "gather_blocks(x, [7, 0, 31, 2])",
+                lambda: tc.gather_blocks(jnp.asarray(x), jnp.array([7, 0, 31, 2], jnp.int32)),
+                x.reshape(32, 8, 512)[[7, 0, 31, 2]].reshape(-1, 512),
+            ),
+        ]
+        for label, fn, want in checks:
+
+            def run(fn: Callable[[], Any] = fn, want: Any = want) -> None:
+                np.testing.assert_allclose(np.asarray(fn(), np.float32), want, rtol=1e-5, atol=1e-3)
+
+            log.check(f"{label}: equals numpy", run)
+
+
+def _compile(log: _Log) -> None:
+    from coremesh.testing import aot
+    from coremesh.testing.guide import PROGRAMS
+
+    programs: list[Any] = list(PROGRAMS.values())
+    try:
+        from coremesh.tensorcore.programs import programs as tensorcore_programs
+
+        programs += tensorcore_programs()
+    except ImportError:
+        pass
+    log.section(
+        f"4. Compiled by libtpu for every TPU generation, no TPU ({len(programs)} programs)"
+    )
+    t = time.perf_counter()
+    results = aot.compile_matrix(programs, list(CHIPS))
+    log.line(aot.matrix_table(results, "plain"))
+    unexpected = [r for r in results if not r.as_expected]
+    log.line(
+        f"  {len(results)} compiles in {time.perf_counter() - t:.1f} s; "
+        f"{len(unexpected)} not as expected"
+    )
+    log.failures += len(unexpected)
+
+
+def _deadlock(log: _Log) -> None:
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    from coremesh.testing.sim import SimulationDeadlock, simulate
+
+    log.section("5. A kernel that waits for a signal nobody sends")
+
+    def body(_o_hbm: Any, sem: Any) -> None:
+        pl.semaphore_wait(sem, 1)  # no core ever signals it
+
+    with simulate("v5p", 1, deadline=2.0) as sim:
+        mesh = pltpu.create_tensorcore_mesh("core")
+        kernel = pl.kernel(
+            body,
+            out_type=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+            mesh=mesh,
+            scratch_types=[pltpu.SemaphoreType.REGULAR],
+        )
+        t = time.perf_counter()
+        try:
+            sim.run(jax.jit(kernel))
+        except SimulationDeadlock as e:
+            log.line(f"  ok    raised SimulationDeadlock after {time.perf_counter() - t:.1f} s:")
+            for text in str(e).splitlines():
+                log.line(f"          {text}")
+            return
+    log.failures += 1
+    log.line("  FAIL  the kernel returned instead of raising SimulationDeadlock")
+
+
+def main(out: TextIO = sys.stdout) -> int:
+    from coremesh.testing.sim.devices import configure_host_devices
+
+    configure_host_devices(HOST_DEVICES)
+    log = _Log(out)
+    t = time.perf_counter()
+    log.line("coremesh demo: core-level Pallas TPU programs on this CPU, with a TPU's semantics")
+    for step in (_chips, _guide, _tensorcore_ops, _compile, _deadlock):
+        step(log)
+    verdict = "all checks passed" if not log.failures else f"{log.failures} check(s) FAILED"
+    log.line(f"\ncoremesh demo: {verdict} in {time.perf_counter() - t:.0f} s")
+    return 1 if log.failures else 0
