@@ -1,3 +1,24 @@
 """coremesh.testing: verify core-level Pallas TPU programs without a TPU."""
 
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+
+# The simulator imports jax's Pallas internals; load it on first use so the pytest plugin
+# (which imports this package) stays cheap.
+_LAZY = {
+    "simulate": "coremesh.testing.sim",
+    "Simulator": "coremesh.testing.sim",
+    "SimulationDeadlock": "coremesh.testing.sim",
+    "NotSimulatedError": "coremesh.testing.sim",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'coremesh.testing' has no attribute {name!r}")

@@ -6,10 +6,22 @@ The classes are not named ``Test*``, so pytest collects them only where a backen
 supports, and a suite test for a missing capability is reported as skipped with the reason.
 """
 
+from coremesh.testing.conformance.sparsecore import (
+    SparseCoreCompileSuite,
+    SparseCoreKernelSuite,
+    SparseCoreSplitCompileSuite,
+)
 from coremesh.testing.conformance.tensorcore import (
     TensorCoreCompileSuite,
     TensorCoreKernelSuite,
     TensorCorePipelineSuite,
 )
 
-__all__ = ["TensorCoreCompileSuite", "TensorCoreKernelSuite", "TensorCorePipelineSuite"]
+__all__ = [
+    "SparseCoreCompileSuite",
+    "SparseCoreKernelSuite",
+    "SparseCoreSplitCompileSuite",
+    "TensorCoreCompileSuite",
+    "TensorCoreKernelSuite",
+    "TensorCorePipelineSuite",
+]

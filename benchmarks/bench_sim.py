@@ -1,0 +1,298 @@
+"""Benchmark: the coremesh CPU simulator against stock Pallas TPU interpret mode (jax 0.10.2).
+
+Both run the core_map guide's programs (``coremesh.testing.guide``) in fresh subprocesses with a
+timeout, one after the other; a run that does not finish in time is reported as a deadlock.
+
+"stock" is jax's own TPU interpret mode, given only what it needs to trace the programs on a CPU
+at all: ``pltpu.get_tpu_info()`` and the core count of ``create_tensorcore_mesh`` for the chip,
+and the requested number of devices (``simulate(disable_patches=...)`` with every fix off but
+those two). "coremesh" is ``coremesh.testing.simulate`` with all its fixes.
+
+    python benchmarks/bench_sim.py [--out bench-results/] [--timeout 60] [--reps 4]
+
+Prints a table and writes ``sim.json`` and ``sim.md`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+FIXES_KEPT_FOR_STOCK = ("simulated_chip", "host_devices")
+
+#: (program, devices) pairs, in the order they are run.
+CASES = [
+    ("add_one", 1),
+    ("swap_kernel", 1),
+    ("swap_core_map", 1),
+    ("indexed_add_one", 1),
+    ("sc_add_one", 1),
+    ("swap_core_map", 4),
+    ("swap_kernel", 4),
+    ("add_one", 4),
+    ("indexed_add_one", 4),
+    ("sc_add_one", 4),
+]
+
+WORKER = """
+import json, time
+import numpy as np
+from coremesh.testing.guide import PROGRAMS
+from coremesh.testing.sim import PATCH_NAMES, simulate
+
+mode, name, devices, reps, chip = {mode!r}, {name!r}, {devices}, {reps}, {chip!r}
+kept = {kept!r}
+disabled = [] if mode == "coremesh" else [p for p in PATCH_NAMES if p not in kept]
+
+def report(**kw):
+    print("BENCH " + json.dumps(kw), flush=True)
+
+try:
+    with simulate(chip=chip, devices=devices, disable_patches=disabled, deadline=600) as sim:
+        program = PROGRAMS[name]
+        mesh = sim.mesh()
+        fn = program.build(mesh)
+        inputs = program.make_inputs(mesh)
+        want = program.expected(*map(np.asarray, inputs))
+        for _ in range(reps):
+            wall, cpu = time.perf_counter(), time.process_time()
+            got = np.asarray(fn(*inputs))
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            wrong = int((got != want).sum())
+            report(call=True, wall=wall, cpu=cpu, wrong=wrong, size=int(got.size))
+except Exception as err:
+    report(error=f"{{type(err).__name__}}: {{str(err).strip().splitlines()[0][:160]}}")
+"""
+
+
+def run_worker(
+    mode: str, name: str, devices: int, reps: int, chip: str, timeout: float
+) -> dict[str, Any]:
+    """Run one program ``reps`` times in a fresh process; each finished call is reported as it
+    ends, so a run that is slow but alive is told apart from one that never finishes a call."""
+    code = WORKER.format(
+        mode=mode, name=name, devices=devices, reps=reps, chip=chip, kept=FIXES_KEPT_FOR_STOCK
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.monotonic()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        wall = time.monotonic() - start
+        out.seek(0)
+        err.seek(0)
+        events = [
+            json.loads(line[len("BENCH ") :])
+            for line in out.read().splitlines()
+            if line.startswith("BENCH ")
+        ]
+        stderr_tail = (err.read().strip().splitlines() or ["no output"])[-1][:160]
+    calls = [e for e in events if e.get("call")]
+    errors = [e["error"] for e in events if "error" in e]
+    result: dict[str, Any] = {
+        "times": [c["wall"] for c in calls],
+        "cpu_times": [c["cpu"] for c in calls],
+        "wall_s": wall,
+        "detail": "",
+    }
+    if errors:
+        result.update(status="error", detail=errors[0])
+    elif calls and calls[-1]["wrong"]:
+        last = calls[-1]
+        result.update(status="wrong", detail=f"{last['wrong']} of {last['size']} elements wrong")
+    elif calls:
+        result["status"] = "ok"
+        if timed_out:
+            result["detail"] = f"{len(calls)} of {reps} calls before the {timeout:g} s timeout"
+    elif timed_out:
+        result.update(status="deadlock", detail=f"deadlock (timeout {timeout:g} s)")
+    else:
+        result.update(status="crash", detail=f"exit {proc.returncode}: {stderr_tail}")
+    return result
+
+
+def summarize(result: dict[str, Any]) -> dict[str, Any]:
+    times = result["times"]
+    warm = times[1:] or times
+    out = dict(result)
+    out["cold_s"] = times[0] if times else None
+    out["warm_s"] = min(warm) if warm else None
+    out["warm_median_s"] = statistics.median(warm) if warm else None
+    cpu = result.get("cpu_times") or []
+    cpu_warm = cpu[1:] or cpu
+    out["warm_cpu_s"] = min(cpu_warm) if cpu_warm else None
+    return out
+
+
+def fmt_time(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def cell(r: dict[str, Any]) -> str:
+    if r["status"] == "ok":
+        note = f"; {r['detail']}" if r["detail"] else ""
+        return f"OK, {fmt_time(r['warm_s'])} warm ({fmt_time(r['cold_s'])} first{note})"
+    if r["status"] == "deadlock":
+        return str(r["detail"])
+    if r["status"] == "wrong":
+        return f"WRONG ({r['detail']}), {fmt_time(r['warm_s'])} warm"
+    return f"{r['status'].upper()}: {r['detail']}"
+
+
+def speedup(stock: dict[str, Any], ours: dict[str, Any]) -> str:
+    if stock["status"] == "ok" and ours["status"] == "ok":
+        wall = stock["warm_s"] / ours["warm_s"]
+        cpu = stock["warm_cpu_s"] / ours["warm_cpu_s"]
+        return f"{wall:.1f}x ({cpu:.1f}x CPU)"
+    if ours["status"] == "ok":
+        return "stock fails"
+    return "-"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per stock run")
+    parser.add_argument("--reps", type=int, default=4, help="calls per run (first is cold)")
+    parser.add_argument("--chip", default="v5p")
+    parser.add_argument("--only", nargs="*", help="program names to run (default: all)")
+    args = parser.parse_args(argv)
+
+    rows = []
+    for name, devices in CASES:
+        if args.only and name not in args.only:
+            continue
+        row: dict[str, Any] = {"program": name, "devices": devices}
+        for mode in ("stock", "coremesh"):
+            # The simulator never needs long; a generous bound still catches a regression.
+            timeout = args.timeout if mode == "stock" else max(args.timeout, 120.0)
+            row[mode] = summarize(run_worker(mode, name, devices, args.reps, args.chip, timeout))
+        row["speedup"] = speedup(row["stock"], row["coremesh"])
+        rows.append(row)
+        print(
+            f"{name:16s} {devices} dev | stock: {cell(row['stock']):55s} | "
+            f"coremesh: {cell(row['coremesh']):40s} | {row['speedup']}",
+            flush=True,
+        )
+
+    checks = goals(rows)
+    report = {
+        "chip": args.chip,
+        "reps": args.reps,
+        "stock_timeout_s": args.timeout,
+        "stock_means": "jax TPU interpret mode with only " + ", ".join(FIXES_KEPT_FOR_STOCK),
+        "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "jax": _jax_version(),
+        "rows": rows,
+        "goals": checks,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "sim.json").write_text(json.dumps(report, indent=2))
+    (args.out / "sim.md").write_text(markdown(report))
+    print()
+    for goal in checks:
+        print(f"[{'PASS' if goal['met'] else 'FAIL'}] {goal['goal']}: {goal['measured']}")
+    print(f"\nwrote {args.out / 'sim.json'} and {args.out / 'sim.md'}")
+    return 0 if all(g["met"] for g in checks) else 1
+
+
+def _jax_version() -> str:
+    import jax
+
+    return str(jax.__version__)
+
+
+def goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by = {(r["program"], r["devices"]): r for r in rows}
+    out = []
+    add_one = by.get(("add_one", 1))
+    if add_one is not None:
+        s, c = add_one["stock"], add_one["coremesh"]
+        ok = s["status"] == "ok" and c["status"] == "ok"
+        ratio = s["warm_s"] / c["warm_s"] if ok else None
+        out.append(
+            {
+                "goal": "add_one 1024x1024 f32, 1 device: >= 4x faster than stock",
+                "met": bool(ratio and ratio >= 4),
+                "measured": f"{ratio:.1f}x ({fmt_time(s['warm_s'])} -> {fmt_time(c['warm_s'])})"
+                if ratio
+                else f"stock {s['status']}, coremesh {c['status']}",
+            }
+        )
+    swap = by.get(("swap_kernel", 1))
+    if swap is not None:
+        c = swap["coremesh"]
+        out.append(
+            {
+                "goal": "warm 2-core swap (pl.kernel, 1 device) under 50 ms",
+                "met": c["status"] == "ok" and c["warm_s"] < 0.05,
+                "measured": fmt_time(c["warm_s"]) if c["status"] == "ok" else c["status"],
+            }
+        )
+    four = [r for r in rows if r["devices"] == 4]
+    if four:
+        met = all(r["coremesh"]["status"] == "ok" for r in four)
+        stock_ok = [r["program"] for r in four if r["stock"]["status"] == "ok"]
+        out.append(
+            {
+                "goal": "every 4-device program finishes correctly (stock: none does)",
+                "met": met,
+                "measured": ", ".join(f"{r['program']}: {cell(r['coremesh'])}" for r in four)
+                + (f"; stock OK on {stock_ok}" if stock_ok else "; stock OK on none"),
+            }
+        )
+    return out
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        "# Simulator benchmark: coremesh vs stock TPU interpret mode",
+        "",
+        f"jax {report['jax']}, Python {report['python']}, {report['machine']}; chip "
+        f"{report['chip']}; {report['reps']} calls per run (first is cold, 'warm' is the "
+        f"fastest of the rest); stock runs time out after {report['stock_timeout_s']:g} s.",
+        f"Stock = {report['stock_means']}.",
+        "",
+        "| program | devices | stock | coremesh | speedup (warm wall time, CPU time) |",
+        "|---|---|---|---|---|",
+    ]
+    for r in report["rows"]:
+        lines.append(
+            f"| {r['program']} | {r['devices']} | {cell(r['stock'])} | {cell(r['coremesh'])} "
+            f"| {r['speedup']} |"
+        )
+    lines += ["", "## Goals", ""]
+    for g in report["goals"]:
+        lines.append(f"- {'PASS' if g['met'] else 'FAIL'}: {g['goal']} — {g['measured']}")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""The CPU simulator: unchanged Pallas TPU core-level programs on the CPU, as a chosen TPU slice.
+
+``simulate(chip, devices)`` is the entry point; see :mod:`coremesh.testing.sim.simulator`. Names
+load on first use, so importing :mod:`coremesh.testing.sim.devices` (the pytest plugin does,
+before jax starts) does not pull in jax's Pallas internals.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from coremesh.testing.sim.deadlock import DEFAULT_DEADLINE_S
+    from coremesh.testing.sim.devices import configure_host_devices
+    from coremesh.testing.sim.errors import (
+        NotSimulatedError,
+        SimulationDeadlock,
+        SimulationRaceError,
+    )
+    from coremesh.testing.sim.patches import JAX_VERSION, PATCH_NAMES
+    from coremesh.testing.sim.simulator import SimParams, Simulator, simulate
+
+_WHERE = {
+    "DEFAULT_DEADLINE_S": "deadlock",
+    "configure_host_devices": "devices",
+    "NotSimulatedError": "errors",
+    "SimulationDeadlock": "errors",
+    "SimulationRaceError": "errors",
+    "JAX_VERSION": "patches",
+    "PATCH_NAMES": "patches",
+    "SimParams": "simulator",
+    "Simulator": "simulator",
+    "simulate": "simulator",
+}
+
+__all__ = [
+    "DEFAULT_DEADLINE_S",
+    "JAX_VERSION",
+    "PATCH_NAMES",
+    "NotSimulatedError",
+    "SimParams",
+    "SimulationDeadlock",
+    "SimulationRaceError",
+    "Simulator",
+    "configure_host_devices",
+    "simulate",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,129 @@
+"""Deadline watchdog: a semaphore wait that can never finish becomes :class:`SimulationDeadlock`.
+
+The interpreter waits for a semaphore by polling it forever, so a kernel that waits for a signal
+nobody sends hangs the process. The simulator's semaphore wait reports to this watchdog. A wait is
+declared a deadlock once it has lasted ``deadline`` seconds *and* no interpreter callback has
+started anywhere during that time: nothing that could still signal it is making progress. The
+error names the waiting device, core and semaphore with its count, and lists every other pending
+wait, which is usually the other half of the cycle.
+
+The watchdog is process-wide, like the interpreter state it watches. It also carries the first
+simulator failure of a run (deadlock, bad index) across XLA, which turns exceptions raised in host
+callbacks into a generic ``JaxRuntimeError``; the simulator re-raises the recorded error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+import time
+
+from coremesh.testing.sim.errors import SimulationDeadlock
+
+DEFAULT_DEADLINE_S = 20.0
+
+
+@dataclasses.dataclass
+class Wait:
+    """One pending semaphore wait of one simulated core."""
+
+    device: int
+    core: int
+    semaphore: str
+    needed: int
+    since: float
+    count: int = 0
+
+    def describe(self) -> str:
+        return (
+            f"device {self.device}, core {self.core}: {self.semaphore}, count {self.count}, "
+            f"waiting for {self.needed}"
+        )
+
+
+class Watchdog:
+    """Tracks pending waits and interpreter progress; decides when a wait is a deadlock."""
+
+    def __init__(self) -> None:
+        self.deadline = DEFAULT_DEADLINE_S
+        self.chip: str | None = None
+        self._lock = threading.Lock()
+        self._waits: dict[int, Wait] = {}
+        self._keys = itertools.count()
+        self._last_progress = time.monotonic()
+        self._failure: Exception | None = None
+
+    # Progress ---------------------------------------------------------------------------
+
+    def progress(self) -> None:
+        """Something ran that may signal a semaphore (called on every interpreter callback)."""
+        self._last_progress = time.monotonic()
+
+    # Waits ------------------------------------------------------------------------------
+
+    def begin_wait(self, device: int, core: int, semaphore: str, needed: int) -> int:
+        key = next(self._keys)
+        with self._lock:
+            self._waits[key] = Wait(device, core, semaphore, needed, time.monotonic())
+        return key
+
+    def end_wait(self, key: int) -> None:
+        with self._lock:
+            self._waits.pop(key, None)
+
+    def check(self, key: int, count: int) -> None:
+        """Raise :class:`SimulationDeadlock` if the wait ``key`` can no longer finish."""
+        now = time.monotonic()
+        with self._lock:
+            wait = self._waits[key]
+            wait.count = count
+            if now - max(wait.since, self._last_progress) < self.deadline:
+                return
+            others = tuple(w.describe() for k, w in self._waits.items() if k != key)
+        err = SimulationDeadlock(
+            f"deadlock: device {wait.device}, core {wait.core} waits on {wait.semaphore} for a "
+            f"count of {wait.needed}; its count is {count} and nothing has run that could "
+            f"signal it for {self.deadline:g} s"
+            + ("".join(f"\n  also blocked: {o}" for o in others) if others else ""),
+            device=wait.device,
+            core=wait.core,
+            semaphore=wait.semaphore,
+            count=count,
+            needed=wait.needed,
+            blocked=others,
+            rule="every semaphore_wait needs matching semaphore_signal calls or DMA completions "
+            "on the same device and core",
+            chip=self.chip,
+            fix="check the device_id / core_index of the matching signal or remote copy, and "
+            "that every core reaches it; if the kernel really waits longer, pass a larger "
+            "deadline= to simulate()",
+        )
+        self.record(err)
+        raise err
+
+    def pending(self) -> tuple[Wait, ...]:
+        with self._lock:
+            return tuple(self._waits.values())
+
+    # Failures ---------------------------------------------------------------------------
+
+    def record(self, err: Exception) -> None:
+        """Remember the first simulator failure of the current run."""
+        with self._lock:
+            if self._failure is None:
+                self._failure = err
+
+    def take(self) -> Exception | None:
+        with self._lock:
+            err, self._failure = self._failure, None
+            return err
+
+    def reset(self) -> None:
+        with self._lock:
+            self._waits.clear()
+            self._failure = None
+        self.progress()
+
+
+WATCHDOG = Watchdog()

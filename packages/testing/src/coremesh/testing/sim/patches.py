@@ -1,0 +1,794 @@
+"""Every change the simulator makes to jax internals, in one place.
+
+Pallas' TPU interpret mode (jax 0.10.2) runs core-level kernels on the CPU, but has gaps that make
+the core_map guide's programs fail, hang or compute wrong results (``research/INTERPRET_MODE.md``
+has the analysis). Each :class:`Patch` below names the gap with its upstream location and swaps
+a few module attributes while a :func:`coremesh.testing.simulate` context is open; leaving the last
+context restores every original. The patches are written against exactly one jax version and
+refuse to install on another.
+
+Patches are process-wide (the interpreter's own state is too); nested contexts are counted, and
+the innermost simulated chip is the one jax sees.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import threading
+from collections.abc import Callable, Collection
+from typing import Any
+
+import jax
+import numpy as np
+
+from coremesh.core.errors import CoremeshError, MeshError, UnsupportedOnChipError
+from coremesh.testing.sim.deadlock import WATCHDOG
+
+#: The jax release these patches are written against.
+JAX_VERSION = "0.10.2"
+
+
+def check_jax_version(version: str | None = None) -> None:
+    """Refuse to patch a jax whose internals the patches were not written for."""
+    found = jax.__version__ if version is None else version
+    if found != JAX_VERSION:
+        raise CoremeshError(
+            f"the CPU simulator supports jax {JAX_VERSION}, and jax {found} is installed",
+            rule="the simulator patches Pallas' TPU interpreter internals, which change between "
+            "jax releases",
+            fix=f"install jax=={JAX_VERSION} jaxlib=={JAX_VERSION} (coremesh's constraints "
+            "file pins them)",
+        )
+
+
+# ------------------------------------------------------------------------------------------
+# What the patches need to know about the simulated target.
+# ------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulatedChip:
+    """The target the patched jax answers for: chip info, cores and the simulated devices."""
+
+    name: str
+    tpu_info: Any  # jax's TpuInfo for the chip in this core mode
+    cores_per_device: int
+    devices: tuple[Any, ...]  # host CPU devices standing in for the TPU devices
+
+    @property
+    def has_sparsecore(self) -> bool:
+        return self.tpu_info.sparse_core is not None
+
+
+_stack: list[SimulatedChip] = []
+#: Threads that entered a simulate() context (the ones whose calls the simulator reports on).
+_user_threads: collections.Counter[int] = collections.Counter()
+
+
+def _chip() -> SimulatedChip:
+    return _stack[-1]
+
+
+def _fail(err: Exception) -> Exception:
+    """Remember ``err`` so the simulator can re-raise it once XLA has wrapped it."""
+    WATCHDOG.record(err)
+    return err
+
+
+# ------------------------------------------------------------------------------------------
+# The patches. Each is a list of (object, attribute, replacement) built on first use.
+# ------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    name: str
+    why: str
+    targets: Callable[[], list[tuple[Any, str, Any]]]
+
+
+def _tpu_info_targets() -> list[tuple[Any, str, Any]]:
+    from jax._src.pallas.mosaic import core as mosaic_core
+    from jax._src.pallas.mosaic import sc_core, tpu_info
+    from jax.experimental.pallas import tpu as pltpu
+
+    orig_create = mosaic_core.create_tensorcore_mesh
+    registry = dict(tpu_info.registry)
+    registry["cpu"] = lambda: _chip().tpu_info
+
+    def create_tensorcore_mesh(
+        axis_name: str, devices: Any = None, num_cores: int | None = None
+    ) -> Any:
+        chip = _chip()
+        if devices is None and num_cores is None:
+            num_cores = chip.cores_per_device
+        if num_cores is not None and num_cores > chip.cores_per_device:
+            raise MeshError(
+                f"a TensorCore mesh of {num_cores} cores on a device with {chip.cores_per_device}",
+                rule=f"a {chip.name} device in this mode has {chip.cores_per_device} TensorCore(s)",
+                chip=chip.name,
+                fix="leave num_cores out (it defaults to the device's cores) or simulate a "
+                "chip/mode with more cores per device",
+            )
+        return orig_create(axis_name, devices=devices, num_cores=num_cores)
+
+    def get_sparse_core_info() -> Any:
+        chip = _chip()
+        if not chip.has_sparsecore:
+            raise UnsupportedOnChipError(
+                f"{chip.name} has no SparseCore, so SparseCore meshes cannot run on it",
+                rule="plsc.VectorSubcoreMesh / ScalarSubcoreMesh need SparseCores "
+                "(v5p, v6e, TPU7x)",
+                chip=chip.name,
+                fix="simulate a chip with SparseCores, e.g. simulate(chip='v5p')",
+            )
+        return chip.tpu_info.sparse_core
+
+    return [
+        (tpu_info, "registry", registry),
+        (mosaic_core, "create_tensorcore_mesh", create_tensorcore_mesh),
+        (pltpu, "create_tensorcore_mesh", create_tensorcore_mesh),
+        (sc_core, "get_sparse_core_info", get_sparse_core_info),
+    ]
+
+
+def _host_devices_targets() -> list[tuple[Any, str, Any]]:
+    from jax._src import xla_bridge as xb
+
+    orig = {n: getattr(xb, n) for n in ("devices", "device_count", "local_devices")}
+    orig["local_device_count"] = xb.local_device_count
+
+    def devices(backend: Any = None) -> list[Any]:
+        if backend in (None, "cpu"):
+            return list(_chip().devices)
+        return list(orig["devices"](backend))
+
+    def device_count(backend: Any = None) -> int:
+        return len(devices(backend))
+
+    def local_devices(
+        process_index: int | None = None, backend: Any = None, host_id: int | None = None
+    ) -> list[Any]:
+        if backend in (None, "cpu") and process_index in (None, 0) and host_id in (None, 0):
+            return list(_chip().devices)
+        return list(orig["local_devices"](process_index, backend, host_id))
+
+    def local_device_count(backend: Any = None) -> int:
+        return len(local_devices(backend=backend))
+
+    out: list[tuple[Any, str, Any]] = []
+    for name, fn in (
+        ("devices", devices),
+        ("device_count", device_count),
+        ("local_devices", local_devices),
+        ("local_device_count", local_device_count),
+    ):
+        out += [(xb, name, fn), (jax, name, fn)]
+    return out
+
+
+def _io_callback_targets() -> list[tuple[Any, str, Any]]:
+    from jax._src import callback, config, tree_util
+    from jax._src import xla_bridge as xb
+
+    cpu = xb.get_backend("cpu").local_devices()[0]
+
+    def io_callback_impl(
+        *args: Any, result_avals: Any, callback: Any, sharding: Any, ordered: bool
+    ) -> Any:
+        # Upstream device_puts the host operands back onto a CPU device first. With several
+        # host devices blocked inside interpreter callbacks, that (asynchronous, > ~100 KiB)
+        # transfer never completes. The operands already are host arrays: copy them (XLA may
+        # reuse the buffers once the callback returns) and call directly.
+        del result_avals, sharding, ordered
+        WATCHDOG.progress()
+        copies = [np.array(a, copy=True) for a in args]  # args arrive flat
+        with config.default_device(cpu):
+            return tree_util.tree_map(np.asarray, callback(*copies))
+
+    return [(callback, "io_callback_impl", io_callback_impl)]
+
+
+def _split_target(target: Any, default_core: int) -> tuple[int | None, int]:
+    """(device, core) of a DMA or signal target: a logical id, or a (device, core) pair."""
+    if target is None:
+        return None, default_core
+    if isinstance(target, tuple):
+        device, core = target
+        return int(device), int(core)
+    return int(target), default_core
+
+
+def _intercore_targets() -> list[tuple[Any, str, Any]]:
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+    from jax._src.pallas.mosaic.interpret import utils as iu
+
+    orig_to_logical = iu._device_id_to_logical
+    orig_signal = ipc.semaphore_signal.__wrapped__
+
+    def device_id_to_logical(
+        device_id: Any, device_id_type: Any, axis_sizes: Any, axis_indices: Any
+    ) -> Any:
+        # Upstream raises NotImplementedError for a dict key that is not a shard_map axis, such
+        # as the core axis of `device_id={"core": i}`. Such an id names (device, core): it is
+        # passed on as a pair and resolved by the DMA and signal callbacks below.
+        if isinstance(device_id, dict):
+            extra = [k for k in device_id if not isinstance(k, tuple) and k not in axis_sizes]
+            if len(extra) > 1:
+                raise NotImplementedError(
+                    f"device_id {sorted(map(str, device_id))} names several axes that are not "
+                    f"shard_map axes ({extra}); the simulator maps one core axis"
+                )
+            if extra:
+                core = jax.numpy.asarray(device_id[extra[0]], jax.numpy.int32)
+                rest = {k: v for k, v in device_id.items() if k != extra[0]}
+                device = iu.device_coords_to_logical_id(rest, axis_sizes, axis_indices)
+                return (jax.numpy.asarray(device, jax.numpy.int32), core)
+        return orig_to_logical(device_id, device_id_type, axis_sizes, axis_indices)
+
+    def check_core(sm: Any, device: int, core: int) -> None:
+        if not 0 <= core < sm.num_cores_per_device:
+            raise _fail(
+                MeshError(
+                    f"a DMA or signal targets core {core} of device {device}, which has "
+                    f"{sm.num_cores_per_device} core(s)",
+                    rule="device_id={'core': i} and core_index name a core of the kernel's mesh",
+                    chip=_chip().name if _stack else None,
+                    fix="compute the target core modulo jax.lax.axis_size('core')",
+                )
+            )
+
+    @ipc.fail_on_exception
+    def dma_start(
+        token: Any,
+        device_id: Any,
+        src_local_core_id: Any,
+        src_memory_space: Any,
+        src_id: Any,
+        src_transforms: Any,
+        dst_memory_space: Any,
+        dst_id: Any,
+        dst_transforms: Any,
+        dst_sem_id: Any,
+        src_sem_id: Any,
+        dst_device_id: Any,
+        source_info: Any = None,
+    ) -> Any:
+        # Upstream (interpret_pallas_call.py:1064-1066, 1085) always delivers to the *source*
+        # core's number on the destination device; here the destination core comes from the
+        # device id when it names one.
+        sm = ipc._get_shared_memory()
+        device_id, src_core = int(device_id), int(src_local_core_id)
+        src_gcid = sm.get_global_core_id(device_id, src_core)
+        dst_device, dst_core = _split_target(dst_device_id, src_core)
+        dst_device = device_id if dst_device is None else dst_device
+        check_core(sm, dst_device, dst_core)
+        dst_gcid = sm.get_global_core_id(dst_device, dst_core)
+        dst_sem_id = int(dst_sem_id)
+        src_sem_id = int(src_sem_id) if src_sem_id is not None else None
+        (src_sem, dst_sem), clock = sm.get_semaphores_and_increment_clock(
+            (src_sem_id, dst_sem_id), src_gcid
+        )
+        assert ipc.dma_id_counter is not None
+        dma = ipc.DMA(
+            ipc.dma_id_counter.get_next(),
+            device_id,
+            src_core,
+            int(src_memory_space),
+            int(src_id),
+            int_tree(src_transforms),
+            dst_device,
+            dst_core,
+            int(dst_memory_space),
+            int(dst_id),
+            int_tree(dst_transforms),
+            src_sem,
+            dst_sem,
+            virtual_device_id=sm.get_random_virtual_device_id(),
+            clock=clock,
+            source_info=source_info,
+        )
+        if sm.dma_execution_mode == "on_wait":
+            if src_sem_id is not None:
+                sm.append_semaphore_task(src_sem_id, src_gcid, dma.execute_read)
+            sm.append_semaphore_task(dst_sem_id, dst_gcid, dma.execute_read_and_write)
+        else:
+            dma.execute_read_and_write()
+        return token
+
+    @ipc.fail_on_exception
+    def semaphore_signal(
+        token: Any,
+        device_id: Any,
+        local_core_id: Any,
+        sem_id: Any,
+        inc: Any,
+        target_device_id: Any,
+        target_local_core_id: Any,
+        source_info: Any = None,
+    ) -> Any:
+        # Upstream (interpret_pallas_call.py:1178) sends a signal without core_index to core 0
+        # rather than to the signalling core, which hangs plain 2-core kernels.
+        sm = ipc._get_shared_memory()
+        own_core = int(local_core_id)
+        device, core = _split_target(target_device_id, own_core)
+        if target_local_core_id is not None:
+            if isinstance(target_device_id, tuple):
+                raise _fail(
+                    MeshError(
+                        "a semaphore_signal names its core twice: in device_id and core_index",
+                        rule="name the target core once",
+                        fix="drop core_index, or drop the core axis from device_id",
+                    )
+                )
+            core = int(target_local_core_id)
+        target = int(device_id) if device is None else device
+        check_core(sm, target, core)
+        return orig_signal(
+            token, device_id, local_core_id, sem_id, inc, target, core, source_info=source_info
+        )
+
+    return [
+        (iu, "_device_id_to_logical", device_id_to_logical),
+        (ipc, "dma_start", dma_start),
+        (ipc, "semaphore_signal", semaphore_signal),
+    ]
+
+
+class _NotPlainError(Exception):
+    """A structure int_tree() does not know; the generic jax.tree.map handles it."""
+
+
+def int_tree(x: Any) -> Any:
+    """``jax.tree.map(int, x)`` for the index structures the interpreter's callbacks convert
+    (tuples of ``NDIndexer`` / ``Slice`` / integers), without jax's generic pytree machinery."""
+    from jax._src import indexing as slices
+    from jax._src.state import indexing
+
+    if isinstance(x, tuple):
+        return tuple(int_tree(v) for v in x)
+    if isinstance(x, list):
+        return [int_tree(v) for v in x]
+    if x is None:
+        return None
+    if isinstance(x, indexing.NDIndexer):
+        if not all(isinstance(d, int) for d in x.int_indexer_shape):
+            raise _NotPlainError
+        return indexing.NDIndexer(
+            tuple(int_tree(i) for i in x.indices), x.shape, x.int_indexer_shape
+        )
+    if isinstance(x, slices.Slice):
+        return slices.Slice(int(x.start), int(x.size), x.stride)
+    if isinstance(x, int | np.integer) or (isinstance(x, np.ndarray) and x.ndim == 0):
+        return int(x)
+    raise _NotPlainError
+
+
+class _FastIntTree:
+    """``jax.tree`` whose ``map(int, transforms)`` takes the :func:`int_tree` shortcut."""
+
+    def __init__(self, tree: Any) -> None:
+        self._tree = tree
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tree, name)
+
+    def map(self, f: Any, tree: Any, *rest: Any, **kw: Any) -> Any:
+        if f is int and not rest and not kw:
+            try:
+                return int_tree(tree)
+            except _NotPlainError:
+                pass
+        return self._tree.map(f, tree, *rest, **kw)
+
+
+class _JaxForInterpreter:
+    """The ``jax`` module as the interpreter sees it: everything as is but ``jax.tree.map``."""
+
+    tree = _FastIntTree(jax.tree)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(jax, name)
+
+
+def _fast_transforms_targets() -> list[tuple[Any, str, Any]]:
+    # Every get/store/swap/DMA callback converts its index transforms with
+    # jax.tree.map(int, ...) (interpret_pallas_call.py:590, 729, 818): jax's generic pytree
+    # path is the largest single cost of a callback. The same conversion, done directly.
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    return [(ipc, "jax", _JaxForInterpreter())]
+
+
+def _interpret_call_targets() -> list[tuple[Any, str, Any]]:
+    from jax._src.pallas.mosaic import core as mosaic_core
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    orig = ipc.interpret_pallas_call
+
+    def interpret_pallas_call(*args: Any, mesh: Any, interpret_params: Any, **kw: Any) -> Any:
+        chip = _chip()
+        if isinstance(mesh, mosaic_core.TensorCoreMesh):
+            cores = int(mesh.devices.shape[0])
+            if cores > chip.cores_per_device:
+                raise MeshError(
+                    f"a kernel over {cores} TensorCores on a device with {chip.cores_per_device}",
+                    rule=f"a {chip.name} device in this mode has {chip.cores_per_device} "
+                    "TensorCore(s)",
+                    chip=chip.name,
+                    fix="build the mesh with pltpu.create_tensorcore_mesh(axis) inside the "
+                    "simulate() context",
+                )
+        elif mesh is not None:
+            if not chip.has_sparsecore:
+                raise UnsupportedOnChipError(
+                    f"{chip.name} has no SparseCore, so this SparseCore kernel cannot run on it",
+                    rule="SparseCore meshes need SparseCores (v5p, v6e, TPU7x)",
+                    chip=chip.name,
+                    fix="simulate a chip with SparseCores, e.g. simulate(chip='v5p')",
+                )
+            if "sparsecore_axes" in _state.enabled:
+                # Upstream (interpret_pallas_call.py:1380-1385) answers axis_index on every axis
+                # of a non-TensorCore mesh with the local core id (0 for all 64 subcores). The
+                # mesh's grid already carries each subcore's coordinates: without the mesh in
+                # the context, axis_index reads them (the grid_names branch). The subcores run
+                # one after the other on one thread.
+                mesh = None
+                interpret_params = dataclasses.replace(interpret_params, num_cores_or_threads=1)
+        return orig(*args, mesh=mesh, interpret_params=interpret_params, **kw)
+
+    return [(ipc, "interpret_pallas_call", interpret_pallas_call)]
+
+
+def _sparsecore_primitive_targets() -> list[tuple[Any, str, Any]]:
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    from coremesh.testing.sim import sparsecore
+
+    orig = ipc._interpret_jaxpr
+
+    def interpret_jaxpr(jaxpr: Any, *args: Any, ctx: Any, token: Any) -> Any:
+        # Upstream has no interpreter rule for SparseCore primitives (generic fallback at
+        # interpret_pallas_call.py:1701 binds them with buffer ids for refs).
+        axis_env = dict(ctx.axis_sizes)
+        names = ctx.grid_mapping.grid_names or ()
+        axis_env.update(zip(names, ctx.grid_mapping.grid, strict=False))
+        if ctx.mesh is not None:
+            axis_env.update(ctx.mesh.shape)
+        done = sparsecore.rewrite(jaxpr, tuple(axis_env.items()))
+        if done is not None:
+            new_jaxpr, extra = done
+            n = len(jaxpr.constvars)
+            jaxpr, args = new_jaxpr, (*args[:n], *extra, *args[n:])
+        return orig(jaxpr, *args, ctx=ctx, token=token)
+
+    return [(ipc, "_interpret_jaxpr", interpret_jaxpr)]
+
+
+class _CompileCache:
+    """Per-core executables of thread_map, compiled once per (program, argument types)."""
+
+    def __init__(self, size: int = 256) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        self._entries: collections.OrderedDict[Any, tuple[Any, Any]] = collections.OrderedDict()
+
+    def __call__(self, jaxpr: Any, consts: Any, *args: Any) -> None:
+        flat = jax.tree.leaves((consts, args))
+        key = (id(jaxpr), tuple((np.shape(a), str(getattr(a, "dtype", None))) for a in flat))
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is None or hit[0] is not jaxpr:
+                compiled = (
+                    jax.jit(_run_jaxpr, static_argnums=(0,))
+                    .trace(jaxpr, consts, *args)
+                    .lower()
+                    .compile()
+                )
+                hit = (jaxpr, compiled)  # holding jaxpr keeps its id unique
+                self._entries[key] = hit
+                while len(self._entries) > self._size:
+                    self._entries.popitem(last=False)
+            else:
+                self._entries.move_to_end(key)
+        hit[1](consts, *args)
+
+
+def _run_jaxpr(jaxpr: Any, consts: Any, *args: Any) -> None:
+    from jax._src import core as jax_core
+
+    jax_core.eval_jaxpr(jaxpr, consts, *args)
+
+
+_compile_cache = _CompileCache()
+
+
+def _compile_cache_targets() -> list[tuple[Any, str, Any]]:
+    # Upstream (thread_map.py:34) traces, lowers and compiles every core's program again on
+    # every kernel call: ~0.25 s of a warm 2-core call that does ~5 ms of work.
+    from jax._src.pallas.mosaic.interpret import thread_map
+
+    return [(thread_map, "_run_jaxpr", _compile_cache)]
+
+
+def _semaphore_description(sem: Any) -> str:
+    fixed = sem.shared_memory.fixed_id_sem
+    if fixed.get(sem.id) is sem:
+        return f"the barrier semaphore (collective_id={sem.id})"
+    return f"semaphore #{sem.id - 2000} of the kernel (id {sem.id})"
+
+
+def _watchdog_targets() -> list[tuple[Any, str, Any]]:
+    from jax._src import dispatch
+    from jax._src.interpreters import pxla
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+    from jax._src.pallas.mosaic.interpret import shared_memory as memory
+    from jax._src.pallas.mosaic.interpret import vector_clock as vc
+
+    orig_init = ipc._initialize_shared_memory
+    orig_call = pxla.ExecuteReplicated.__call__
+
+    def wait(
+        self: Any,
+        value: Any,
+        global_core_id: Any,
+        *,
+        has_tasks: bool = False,
+        logging_info: Any = None,
+    ) -> None:
+        # Upstream's wait (shared_memory.py:158) polls forever; this one is the same loop that
+        # also reports to the deadline watchdog, which raises SimulationDeadlock. (It does not
+        # reproduce upstream's optional LoggingMode.SEMAPHORE log lines.)
+        del has_tasks, logging_info
+        gcid = int(global_core_id)
+        sm = self.shared_memory
+        device, core = divmod(gcid, sm.num_cores_per_device)
+        key = WATCHDOG.begin_wait(device, core, _semaphore_description(self), int(value))
+        try:
+            while True:
+                sm.check_failed()
+                clock, task = None, None
+                with self.cv:
+                    if self.count_by_core[gcid] >= value:
+                        self.count_by_core[gcid] -= value
+                        if self.detect_races:
+                            assert self.clocks[gcid] is not None
+                            clock = vc.copy_vector_clock(self.clocks[gcid])
+                        done = True
+                    else:
+                        done = False
+                        if self.tasks[gcid]:
+                            task = self.tasks[gcid].pop()
+                        else:
+                            self.cv.wait(timeout=0.05)
+                if clock is not None:
+                    with sm.lock:
+                        vc.update_vector_clock(sm.clocks[gcid], clock)
+                if done:
+                    WATCHDOG.progress()
+                    return
+                if task is not None:
+                    WATCHDOG.progress()
+                    task()
+                    continue
+                WATCHDOG.check(key, int(self.count_by_core[gcid]))
+        finally:
+            WATCHDOG.end_wait(key)
+
+    def initialize_shared_memory(*args: Any, **kw: Any) -> Any:
+        # A kernel that failed (e.g. deadlocked) can leave its shared memory behind; the next
+        # kernel would fail on it at once. Start afresh instead.
+        sm = ipc._shared_memory
+        if sm is not None and sm._failure is not None:
+            ipc.reset_tpu_interpret_mode_state()
+        return orig_init(*args, **kw)
+
+    def execute(self: Any, *args: Any) -> Any:
+        # Programs run synchronously in the user's thread so that a failing kernel fails the
+        # call that launched it; and XLA reports an exception raised in a host callback as a
+        # JaxRuntimeError that has lost its type: re-raise the simulator's own error (deadlock,
+        # bad target, index) in its place. Per-core programs run by thread_map inside a kernel
+        # pass through here too, on worker threads: those are left alone.
+        if threading.get_ident() not in _user_threads:
+            return orig_call(self, *args)
+        try:
+            out = orig_call(self, *args)
+            jax.block_until_ready(out)
+            dispatch.runtime_tokens.block_until_ready()
+        except Exception as err:
+            # The failed run leaves errored effect tokens (the next call would fail on them)
+            # and interpreter state behind: drop both so the process stays usable.
+            dispatch.runtime_tokens.clear()
+            ipc.reset_tpu_interpret_mode_state()
+            failure = WATCHDOG.take()
+            WATCHDOG.reset()
+            if failure is None:
+                raise
+            raise failure from err
+        return out
+
+    return [
+        (memory.Semaphore, "wait", wait),
+        (ipc, "_initialize_shared_memory", initialize_shared_memory),
+        (pxla.ExecuteReplicated, "__call__", execute),
+    ]
+
+
+class RaceLog:
+    """Kernels in which the race detector found races, since the log was last drained."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._found: list[str] = []
+
+    def add(self, what: str) -> None:
+        with self._lock:
+            self._found.append(what)
+
+    def drain(self) -> list[str]:
+        with self._lock:
+            found, self._found = self._found, []
+            return found
+
+
+RACES = RaceLog()
+
+
+def _race_report_targets() -> list[tuple[Any, str, Any]]:
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    orig_validate = ipc._validate.__wrapped__
+
+    @ipc.fail_on_exception
+    def validate(token: Any, device_id: Any) -> Any:
+        # Upstream only prints "RACE DETECTED" and sets a flag the next kernel overwrites; note
+        # the kernel so the simulator can fail the run.
+        if int(device_id) == 0 and ipc.races is not None and ipc.races.races_found:
+            RACES.add(f"a kernel run on {ipc._get_shared_memory().num_devices} device(s)")
+        return orig_validate(token, device_id)
+
+    return [(ipc, "_validate", validate)]
+
+
+PATCHES: tuple[Patch, ...] = (
+    Patch(
+        "simulated_chip",
+        "pltpu.get_tpu_info() raises 'Unsupported TPU device kind: cpu' (tpu_info.py:521) and "
+        "create_tensorcore_mesh() reads num_cores of a CPU device (core.py:403)",
+        _tpu_info_targets,
+    ),
+    Patch(
+        "host_devices",
+        "jax.devices() lists every host CPU device the process has, not the simulated ones",
+        _host_devices_targets,
+    ),
+    Patch(
+        "io_callback_host_copy",
+        "io_callback's device_put (callback.py:434) deadlocks with >1 host device and operands "
+        "over ~100 KiB",
+        _io_callback_targets,
+    ),
+    Patch(
+        "intercore",
+        "device_id={'core': i} raises (utils.py:224), DMAs land on the source core "
+        "(interpret_pallas_call.py:1066), signals without core_index go to core 0 (:1179)",
+        _intercore_targets,
+    ),
+    Patch(
+        "sparsecore_axes",
+        "axis_index on SparseCore mesh axes returns 0 for every subcore "
+        "(interpret_pallas_call.py:1380)",
+        _interpret_call_targets,
+    ),
+    Patch(
+        "sparsecore_primitives",
+        "load_gather/store_scatter/parallel_loop have no interpreter rule "
+        "(interpret_pallas_call.py:1701)",
+        _sparsecore_primitive_targets,
+    ),
+    Patch(
+        "compile_cache",
+        "thread_map recompiles every core's program on every call (thread_map.py:34)",
+        _compile_cache_targets,
+    ),
+    Patch(
+        "fast_transforms",
+        "each callback converts its index transforms through jax's generic pytree map "
+        "(interpret_pallas_call.py:590)",
+        _fast_transforms_targets,
+    ),
+    Patch(
+        "deadlock_watchdog",
+        "a semaphore wait nobody signals polls forever (shared_memory.py:158)",
+        _watchdog_targets,
+    ),
+    Patch(
+        "race_report",
+        "detected races are only printed (race_detection_state.py)",
+        _race_report_targets,
+    ),
+)
+
+PATCH_NAMES = tuple(p.name for p in PATCHES)
+
+
+@dataclasses.dataclass
+class _State:
+    """What install() did: the originals to restore and the patches that are on."""
+
+    saved: list[tuple[Any, str, Any]] = dataclasses.field(default_factory=list)
+    enabled: frozenset[str] = frozenset()
+
+
+_lock = threading.RLock()
+_state = _State()
+
+
+def install(chip: SimulatedChip, without: Collection[str] = ()) -> None:
+    """Apply the patches (all but ``without``) for ``chip``; nested calls stack the chip."""
+    unknown = set(without) - set(PATCH_NAMES)
+    if unknown:
+        raise CoremeshError(
+            f"unknown simulator patch(es) {sorted(unknown)}",
+            rule=f"the patches are {', '.join(PATCH_NAMES)}",
+            fix="name patches from that list",
+        )
+    wanted = frozenset(PATCH_NAMES) - set(without)
+    with _lock:
+        if not _stack:
+            check_jax_version()
+            _state.enabled = wanted
+            # sparsecore_axes lives in the interpret_pallas_call wrapper, which also checks
+            # meshes against the chip: install that wrapper whenever either is wanted.
+            for patch in PATCHES:
+                if patch.name in wanted or patch.name == "sparsecore_axes":
+                    for obj, attr, new in patch.targets():
+                        _state.saved.append((obj, attr, getattr(obj, attr)))
+                        setattr(obj, attr, new)
+        elif wanted != _state.enabled:
+            raise CoremeshError(
+                "a nested simulate() asks for a different set of patches",
+                rule="patches are process-wide; nested contexts share the outer one's",
+                fix="pass the same disable_patches to nested simulate() contexts",
+            )
+        _stack.append(chip)
+        _user_threads[threading.get_ident()] += 1
+        _clear_caches()
+
+
+def uninstall() -> None:
+    """Undo the innermost :func:`install`; the last one restores every original."""
+    with _lock:
+        _stack.pop()
+        me = threading.get_ident()
+        _user_threads[me] -= 1
+        if _user_threads[me] <= 0:
+            del _user_threads[me]
+        if not _stack:
+            while _state.saved:
+                obj, attr, old = _state.saved.pop()
+                setattr(obj, attr, old)
+            _state.enabled = frozenset()
+        _clear_caches()
+
+
+def enabled() -> frozenset[str]:
+    return _state.enabled
+
+
+def _clear_caches() -> None:
+    from jax._src.pallas.mosaic import tpu_info
+
+    tpu_info.get_tpu_info.cache_clear()
+
+
+@functools.cache
+def describe() -> tuple[tuple[str, str], ...]:
+    """(name, upstream gap) of every patch, for documentation and reports."""
+    return tuple((p.name, p.why) for p in PATCHES)
+
+
+def installed_chip() -> SimulatedChip | None:
+    return _stack[-1] if _stack else None

@@ -1,0 +1,330 @@
+"""``simulate()``: run unchanged Pallas TPU programs on the CPU as a chosen TPU slice.
+
+Inside the context, kernels traced by ``pl.core_map``, ``pl.kernel`` and ``pl.pallas_call`` run in
+Pallas' TPU interpret mode (``pltpu.force_tpu_interpret_mode``) with the simulator's fixes
+(:mod:`coremesh.testing.sim.patches`), ``pltpu.get_tpu_info()`` and
+``pltpu.create_tensorcore_mesh(axis)`` answer for the simulated chip, ``jax.devices()`` lists the
+simulated devices (host CPU devices), and ``coremesh.core.current_target()`` is the simulator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Collection
+from types import TracebackType
+from typing import Any, Literal
+
+import jax
+from jax._src.pallas.mosaic import tpu_info as jax_tpu_info
+from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+from jax._src.pallas.mosaic.interpret.params import InterpretParams
+from jax.experimental.pallas import tpu as pltpu
+
+from coremesh.core.chips import Chip, get_chip
+from coremesh.core.errors import CoremeshError, MeshError
+from coremesh.core.targets import using_target
+from coremesh.testing.sim import patches
+from coremesh.testing.sim.deadlock import DEFAULT_DEADLINE_S, WATCHDOG
+from coremesh.testing.sim.devices import configure_host_devices, cpu_devices
+from coremesh.testing.sim.errors import SimulationRaceError
+
+DmaMode = Literal["on_wait", "eager"]
+
+#: coremesh chip name -> jax's chip version.
+_CHIP_VERSIONS = {
+    "v4": jax_tpu_info.ChipVersion.TPU_V4,
+    "v5e": jax_tpu_info.ChipVersion.TPU_V5E,
+    "v5p": jax_tpu_info.ChipVersion.TPU_V5P,
+    "v6e": jax_tpu_info.ChipVersion.TPU_V6E,
+    "TPU7x": jax_tpu_info.ChipVersion.TPU_7X,
+}
+
+#: Longest deadline accepted: a test must fail, not hang.
+MAX_DEADLINE_S = 600.0
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _is_seconds(value: object, most: float) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= most
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SimParams(InterpretParams):  # type: ignore[misc]
+    """Interpret-mode parameters that also name the simulated chip.
+
+    jax keys its trace and compile caches on the interpret parameters, so a program traced for
+    one chip is never reused for another.
+    """
+
+    chip: str = ""
+
+
+class Simulator:
+    """A simulated TPU slice; a :class:`coremesh.core.Target`. Enter it to run kernels."""
+
+    name = "simulator"
+
+    def __init__(
+        self,
+        chip: str | Chip = "v5p",
+        devices: int = 4,
+        *,
+        cores_per_device: int | None = None,
+        dma_execution_mode: DmaMode = "on_wait",
+        races: bool = False,
+        deadline: float = DEFAULT_DEADLINE_S,
+        uninitialized_memory: Literal["nan", "zero"] = "nan",
+        disable_patches: Collection[str] = (),
+    ) -> None:
+        self._chip = get_chip(chip)
+        if self._chip.name not in _CHIP_VERSIONS:
+            raise CoremeshError(
+                f"the simulator has no model of {self._chip.name}",
+                rule=f"it simulates {', '.join(_CHIP_VERSIONS)}",
+                chip=self._chip.name,
+                fix="pick one of those chips",
+            )
+        self._cores = self._chip.check_cores_per_device(
+            cores_per_device or self._chip.default_cores_per_device
+        )
+        if not _is_count(devices):
+            raise MeshError(
+                f"devices={devices!r}",
+                rule="a simulated slice has a whole number of devices, at least 1",
+                chip=self._chip.name,
+                fix="pass devices=1, 2, 4, ...",
+            )
+        if dma_execution_mode not in ("on_wait", "eager"):
+            raise CoremeshError(
+                f"dma_execution_mode={dma_execution_mode!r}",
+                rule="DMAs run 'eager' (when started) or 'on_wait' (when waited for)",
+                fix="pass dma_execution_mode='on_wait' or 'eager'",
+            )
+        if uninitialized_memory not in ("nan", "zero"):
+            raise CoremeshError(
+                f"uninitialized_memory={uninitialized_memory!r}",
+                rule="fresh buffers hold NaN (max int) or zeros",
+                fix="pass uninitialized_memory='nan' or 'zero'",
+            )
+        if not _is_seconds(deadline, MAX_DEADLINE_S):
+            raise CoremeshError(
+                f"deadline={deadline!r}",
+                rule=f"the deadlock deadline is a number of seconds in (0, {MAX_DEADLINE_S:g}]",
+                fix=f"pass e.g. deadline={DEFAULT_DEADLINE_S:g}",
+            )
+        unknown = set(disable_patches) - set(patches.PATCH_NAMES)
+        if unknown:
+            raise CoremeshError(
+                f"unknown simulator patch(es) {sorted(unknown)}",
+                rule=f"the patches are {', '.join(patches.PATCH_NAMES)}",
+                fix="name patches from that list",
+            )
+        self._n = devices
+        self._races = races
+        self._deadline = float(deadline)
+        self._disabled = frozenset(disable_patches)
+        self._params = SimParams(
+            chip=self._chip.name,
+            num_cores_or_threads=self._cores,
+            dma_execution_mode=dma_execution_mode,
+            detect_races=races,
+            uninitialized_memory=uninitialized_memory,
+        )
+        self._devices: tuple[Any, ...] = ()
+        self._stacks: list[tuple[contextlib.ExitStack, float, str | None]] = []
+        self._race_reports: list[str] = []
+
+    # Target protocol ----------------------------------------------------------------------
+
+    @property
+    def chip(self) -> Chip:
+        return self._chip
+
+    @property
+    def num_devices(self) -> int:
+        return self._n
+
+    @property
+    def cores_per_device(self) -> int:
+        return self._cores
+
+    def activate(self) -> contextlib.AbstractContextManager[object]:
+        return self
+
+    # Simulator ------------------------------------------------------------------------------
+
+    @property
+    def interpret_params(self) -> InterpretParams:
+        return self._params
+
+    @property
+    def races(self) -> bool:
+        return self._races
+
+    @property
+    def deadline(self) -> float:
+        return self._deadline
+
+    @property
+    def devices(self) -> tuple[Any, ...]:
+        """The host CPU devices standing in for the simulated TPU devices (once entered)."""
+        if not self._devices:
+            raise CoremeshError(
+                "the simulator's devices exist only inside its context",
+                rule="host devices are chosen when the context is entered",
+                fix="use sim.devices inside `with simulate(...) as sim:`",
+            )
+        return self._devices
+
+    @property
+    def race_reports(self) -> tuple[str, ...]:
+        """Kernels in which races were found so far (with ``races=True``)."""
+        return tuple(self._race_reports)
+
+    def mesh(self, axis_name: str = "device") -> jax.sharding.Mesh:
+        """A 1-D device mesh over the simulated devices, as ``jax.make_mesh`` makes it
+        (``Explicit`` axis: place arrays with ``NamedSharding`` before ``shard_map``)."""
+        return jax.make_mesh((self._n,), (axis_name,), devices=self.devices)
+
+    def device_mesh(self, axis_name: str = "device") -> jax.sharding.Mesh:
+        """The Target protocol's mesh: the same devices with an ``Auto`` axis, so
+        ``shard_map`` over it reshards whatever arrays it is given."""
+        return jax.make_mesh(
+            (self._n,),
+            (axis_name,),
+            devices=self.devices,
+            axis_types=(jax.sharding.AxisType.Auto,),
+        )
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call ``fn``, wait for its result and fail on races; the result is a jax value."""
+        out = jax.block_until_ready(fn(*args, **kwargs))
+        self._raise_races()
+        return out
+
+    def _tpu_info(self) -> Any:
+        return jax_tpu_info.get_tpu_info_for_chip(_CHIP_VERSIONS[self._chip.name], self._cores)
+
+    def __enter__(self) -> Simulator:
+        configure_host_devices(self._n)
+        patches.check_jax_version()
+        self._devices = tuple(cpu_devices()[: self._n])
+        view = patches.SimulatedChip(
+            name=self._chip.name,
+            tpu_info=self._tpu_info(),
+            cores_per_device=self._cores,
+            devices=self._devices,
+        )
+        outermost = patches.installed_chip() is None
+        patches.install(view, without=self._disabled)
+        stack = contextlib.ExitStack()
+        stack.callback(patches.uninstall)
+        try:
+            if outermost:
+                ipc.reset_tpu_interpret_mode_state()
+                WATCHDOG.reset()
+                patches.RACES.drain()
+            stack.enter_context(pltpu.force_tpu_interpret_mode(self._params))
+            stack.enter_context(jax.default_device(self._devices[0]))
+            stack.enter_context(using_target(self))
+        except BaseException:
+            stack.close()
+            raise
+        self._stacks.append((stack, WATCHDOG.deadline, WATCHDOG.chip))
+        WATCHDOG.deadline, WATCHDOG.chip = self._deadline, self._chip.name
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        stack, deadline, chip = self._stacks.pop()
+        failure = WATCHDOG.take() if exc is not None else None
+        if failure is not None:
+            ipc.reset_tpu_interpret_mode_state()
+        try:
+            if exc is None:
+                self._raise_races()
+        finally:
+            WATCHDOG.deadline, WATCHDOG.chip = deadline, chip
+            if not self._stacks:
+                self._devices = ()
+            stack.close()
+        if failure is not None and failure is not exc:
+            raise failure from exc
+
+    def _raise_races(self) -> None:
+        found = patches.RACES.drain()
+        self._race_reports += found
+        if found and self._races:
+            raise SimulationRaceError(
+                f"data race(s) detected in {len(found)} kernel run(s) "
+                f"({'; '.join(found)}); each race was printed above as 'RACE DETECTED' with "
+                "the buffer, the ranges and the source lines",
+                rule="two cores or DMAs touched overlapping memory, at least one writing, with "
+                "no semaphore wait ordering them",
+                chip=self._chip.name,
+                fix="order the accesses with a semaphore signal/wait (or a DMA wait), give each "
+                "core a disjoint slice, or use a semaphore per pipeline step",
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"Simulator({self._chip.name}, devices={self._n}, cores_per_device={self._cores}, "
+            f"dma={self._params.dma_execution_mode!r}, races={self._races})"
+        )
+
+
+def simulate(
+    chip: str | Chip = "v5p",
+    devices: int = 4,
+    *,
+    cores_per_device: int | None = None,
+    dma_execution_mode: DmaMode = "on_wait",
+    races: bool = False,
+    deadline: float = DEFAULT_DEADLINE_S,
+    uninitialized_memory: Literal["nan", "zero"] = "nan",
+    disable_patches: Collection[str] = (),
+) -> Simulator:
+    """A context in which unchanged Pallas TPU code runs on the CPU as ``devices`` x ``chip``.
+
+    Args:
+      chip: a coremesh chip name or alias (``"v4"``, ``"v5e"``, ``"v5p"``, ``"v6e"``,
+        ``"TPU7x"``).
+      devices: simulated TPU devices, each one host CPU device. jax fixes the host device count
+        when its CPU backend starts: enter the first ``simulate()`` before any JAX operation (the
+        pytest plugin arranges 8 for tests).
+      cores_per_device: TensorCores per device; the chip's default mode if None (v4/v5p: 2).
+      dma_execution_mode: ``"on_wait"`` runs a DMA when it is waited for (latest, out of order:
+        finds missing waits), ``"eager"`` when it starts.
+      races: run the interpreter's race detector; a race fails the run with
+        :class:`SimulationRaceError` (at ``run()`` or when the context exits).
+      deadline: seconds a semaphore wait may go without anything running that could signal it
+        before it is a :class:`SimulationDeadlock`.
+      uninitialized_memory: what fresh VMEM/SMEM/outputs hold: ``"nan"`` (max int for integers)
+        exposes reads of unwritten memory.
+      disable_patches: names from ``patches.PATCH_NAMES`` to leave out; for regression tests
+        that show what each fix is for.
+
+    Example::
+
+        with coremesh.testing.simulate(chip="v5p", devices=4) as sim:
+            mesh = jax.make_mesh((4,), ("device",))
+            y = my_jitted_shard_mapped_kernel(x)
+    """
+    return Simulator(
+        chip,
+        devices,
+        cores_per_device=cores_per_device,
+        dma_execution_mode=dma_execution_mode,
+        races=races,
+        deadline=deadline,
+        uninitialized_memory=uninitialized_memory,
+        disable_patches=disable_patches,
+    )

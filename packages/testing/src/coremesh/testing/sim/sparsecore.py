@@ -1,0 +1,280 @@
+"""SparseCore primitives under the interpreter: simulate what can be simulated, refuse the rest.
+
+Pallas' TPU interpreter has no rule for the SparseCore primitives of ``jax 0.10.2``: it binds them
+as they are, with buffer ids where refs belong, and fails with a misleading ``TypeError`` or an
+"MLIR translation rule not found" error. Each kernel jaxpr level is scanned before it is
+interpreted: the primitives below are rewritten into ref reads and writes the interpreter
+understands (so they run with its memory model, DMAs and race detection), and every other
+SparseCore primitive is refused with :class:`NotSimulatedError` at trace time, so a result is never
+silently wrong.
+
+* ``load_gather`` / ``store_scatter`` / ``addupdate_scatter``: read the ref, gather or scatter with
+  numpy semantics, write it back. Masked-off lanes load the interpreter's uninitialised value and
+  store nothing; unmasked out-of-range indices raise.
+* ``parallel_loop``: a sequential loop, one valid schedule of independent iterations (carries
+  included). A body that depends on another iteration's writes is a bug the simulator cannot see.
+* an indexed DMA (``sync_copy(table.at[idx_ref], ...)``, gather or scatter by a vector of
+  indices): refused. The interpreter's DMA reads an index ref's buffer id as if it were the index.
+* ``subcore_barrier``: refused. The interpreter runs a SparseCore mesh's subcores one after the
+  other on one thread, which cannot honour a barrier between them.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax._src import api_util
+from jax._src import core as jax_core
+from jax._src import linear_util as lu
+from jax._src.interpreters import partial_eval as pe
+from jax._src.pallas.mosaic import primitives as tpu_primitives
+from jax._src.pallas.mosaic import sc_primitives as scp
+from jax._src.pallas.mosaic.interpret import utils as interpret_utils
+from jax._src.state import indexing
+from jax._src.state import types as state_types
+from jax.experimental import io_callback
+
+from coremesh.testing.sim.errors import NotSimulatedError
+
+_Rule = Callable[..., Sequence[Any]]
+
+#: User-facing spelling of each refused primitive, for the error message.
+_API_NAMES = {
+    "barrier": "plsc.subcore_barrier",
+    "load": "plsc.load_expanded",
+    "swap": "plsc.store_compressed / plsc.addupdate / plsc.addupdate_compressed",
+    "bitcast": "plsc.bitcast",
+    "unique": "plsc.scan_count",
+    "masked_cummax": "plsc.cummax",
+    "masked_cummin": "plsc.cummin",
+    "masked_cumsum": "plsc.cumsum",
+    "masked_sort": "plsc.sort_key_val",
+    "pack": "plsc.pack",
+    "unpack": "plsc.unpack",
+    "sc_fetch_and_add": "plsc.fetch_and_add",
+}
+
+_WHY_BARRIER = (
+    "the interpreter runs the subcores of a SparseCore mesh one after the other on one thread, "
+    "so a barrier between them cannot be honoured"
+)
+
+
+def _uninitialized(dtype: Any) -> Any:
+    return interpret_utils.get_uninitialized_value(dtype, "nan")
+
+
+def _ref(ref: Any, transforms: Any) -> Any:
+    return state_types.TransformedRef(ref, transforms) if transforms else ref
+
+
+def _check_indices(what: str, shape: tuple[int, ...], indices: Any, mask: Any) -> None:
+    """Host-side check: unmasked gather/scatter lanes must index inside the ref."""
+    active = np.ones(np.shape(indices[0]), bool) if mask is None else np.asarray(mask, bool)
+    for dim, (size, index) in enumerate(zip(shape, indices, strict=True)):
+        lanes = np.asarray(index)
+        bad = active & ((lanes < 0) | (lanes >= size))
+        if bad.any():
+            lane = int(np.argmax(bad))
+            raise IndexError(
+                f"{what}: lane {lane} indexes {int(lanes[lane])} in dimension {dim} of a ref of "
+                f"shape {shape}"
+            )
+
+
+def _checked(what: str, shape: tuple[int, ...], indices: Sequence[Any], mask: Any) -> None:
+    def check(*flat: Any) -> None:
+        idx, m = list(flat[: len(indices)]), (flat[-1] if mask is not None else None)
+        try:
+            _check_indices(what, shape, idx, m)
+        except IndexError as err:
+            from coremesh.testing.sim.deadlock import WATCHDOG
+
+            WATCHDOG.record(err)
+            raise
+
+    extra = () if mask is None else (mask,)
+    io_callback(check, None, *indices, *extra)
+
+
+def _gather(*flat_args: Any, tree: Any) -> Sequence[Any]:
+    ref, transforms, indices, mask = tree.unflatten(flat_args)
+    src = _ref(ref, transforms)
+    _checked("plsc.load_gather", tuple(src.shape), indices, mask)
+    values = src[...]
+    idx = tuple(jnp.clip(i, 0, n - 1) for i, n in zip(indices, src.shape, strict=True))
+    out = values[idx]
+    if mask is not None:
+        out = jnp.where(mask, out, jnp.asarray(_uninitialized(out.dtype), out.dtype))
+    return [out]
+
+
+def _scatter(*flat_args: Any, tree: Any, add: bool) -> Sequence[Any]:
+    ref, transforms, indices, x, mask = jax.tree.unflatten(tree, flat_args)
+    dst = _ref(ref, transforms)
+    what = "plsc.addupdate_scatter" if add else "plsc.store_scatter"
+    _checked(what, tuple(dst.shape), indices, mask)
+    if mask is not None:  # masked-off lanes point past the end and are dropped
+        indices = [jnp.where(mask, i, n) for i, n in zip(indices, dst.shape, strict=True)]
+    current = dst[...]
+    at = current.at[tuple(indices)]
+    dst[...] = at.add(x, mode="drop") if add else at.set(x, mode="drop")
+    return []
+
+
+def _parallel_loop(*flat_args: Any, tree: Any, unroll: int, jaxpr: Any) -> Sequence[Any]:
+    del unroll
+    lower, upper, step, consts, carry = tree.unflatten(flat_args)
+    lower, upper, step = (jnp.asarray(v, jnp.int32) for v in (lower, upper, step))
+    trips = jnp.maximum((upper - lower + step - 1) // step, 0)
+
+    def body(k: Any, c: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(jax_core.eval_jaxpr(jaxpr, consts, lower + k * step, *c))
+
+    return list(lax.fori_loop(jnp.int32(0), trips, body, tuple(carry)))
+
+
+_RULES: dict[Any, _Rule] = {
+    scp.gather_p: _gather,
+    scp.scatter_p: _scatter,
+    scp.parallel_loop_p: _parallel_loop,
+}
+
+
+def _sparsecore_primitives() -> dict[Any, str]:
+    return {
+        v: v.name
+        for v in vars(scp).values()
+        if isinstance(v, jax_core.Primitive) and v not in _RULES
+    }
+
+
+_REFUSED = _sparsecore_primitives()
+
+
+def refusal(primitive: Any) -> NotSimulatedError | None:
+    """The error for a SparseCore primitive the simulator does not run, else None."""
+    name = _REFUSED.get(primitive)
+    if name is None:
+        return None
+    api = _API_NAMES.get(name, f"the SparseCore primitive {name!r}")
+    why = _WHY_BARRIER if name == "barrier" else "it has no interpreter rule in jax 0.10.2"
+    return NotSimulatedError(
+        f"{api} is not simulated: {why}",
+        rule="the CPU simulator refuses what it cannot reproduce instead of returning a "
+        "result that may be wrong",
+        fix="check this kernel with the compile-only target (coremesh.testing.aot) or on TPU "
+        "hardware; restructure it without this primitive to simulate it",
+    )
+
+
+def _indexed_dma(eqn: Any) -> NotSimulatedError | None:
+    """The error for a DMA that gathers or scatters by a vector of indices, else None."""
+    if eqn.primitive is not tpu_primitives.dma_start_p:
+        return None
+    src, dst, *_ = jax.tree.unflatten(eqn.params["tree"], eqn.invars)
+    for side, ref in (("source", src), ("destination", dst)):
+        transforms = ref.transforms if isinstance(ref, state_types.TransformedRef) else ()
+        for t in transforms:
+            if isinstance(t, indexing.NDIndexer) and t.int_indexer_shape:
+                return NotSimulatedError(
+                    f"an indexed DMA (its {side} is indexed by a vector of "
+                    f"{t.int_indexer_shape} indices, e.g. sync_copy(table.at[idx_ref], ...)) is "
+                    "not simulated: the interpreter would read the index ref's buffer id as the "
+                    "index and copy the wrong rows",
+                    rule="the CPU simulator refuses what it cannot reproduce instead of "
+                    "returning a result that may be wrong",
+                    fix="simulate the gather as a loop of single-row copies "
+                    "(sync_copy(table.at[pl.ds(idx_ref[i], 1)], ...)), or check this kernel "
+                    "with the compile-only target or on TPU hardware",
+                )
+    return None
+
+
+# ------------------------------------------------------------------------------------------
+# The jaxpr rewrite
+# ------------------------------------------------------------------------------------------
+
+_cache: weakref.WeakKeyDictionary[Any, tuple[Any, list[Any]] | None] = weakref.WeakKeyDictionary()
+_cache_lock = threading.Lock()
+
+
+def _trace_rule(rule: _Rule, eqn: Any) -> tuple[Any, list[Any]]:
+    """Trace one rewrite rule on the equation's input types into a jaxpr."""
+    in_avals = [v.aval for v in eqn.invars]
+
+    def run(*args: Any) -> list[Any]:
+        return list(rule(*args, **eqn.params))
+
+    debug = api_util.debug_info("coremesh simulator", run, in_avals, {})
+    jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(lu.wrap_init(run, debug_info=debug), in_avals)
+    return jaxpr, list(consts)
+
+
+def rewrite(jaxpr: Any, axis_env: Sequence[tuple[Any, int]]) -> tuple[Any, list[Any]] | None:
+    """``jaxpr`` with simulated SparseCore primitives inlined as ref operations.
+
+    Returns None when nothing needs rewriting, else ``(new_jaxpr, extra_consts)``: the new jaxpr
+    takes ``(*old_constvars, *extra_consts, *invars)``. Refused primitives raise.
+    """
+    with _cache_lock:
+        if jaxpr in _cache:
+            return _cache[jaxpr]
+    for eqn in jaxpr.eqns:
+        err = refusal(eqn.primitive) or _indexed_dma(eqn)
+        if err is not None:
+            raise err
+    if not any(eqn.primitive in _RULES for eqn in jaxpr.eqns):
+        result = None
+    else:
+        with jax_core.extend_axis_env_nd(tuple(axis_env)):
+            result = _inline(jaxpr)
+    with _cache_lock:
+        _cache[jaxpr] = result
+    return result
+
+
+def _inline(jaxpr: Any) -> tuple[Any, list[Any]]:
+    subst: dict[Any, Any] = {}
+
+    def sub(atom: Any) -> Any:
+        return atom if isinstance(atom, jax_core.Literal) else subst.get(atom, atom)
+
+    eqns: list[Any] = []
+    extra_vars: list[Any] = []
+    extra_consts: list[Any] = []
+    for eqn in jaxpr.eqns:
+        rule = _RULES.get(eqn.primitive)
+        if rule is None:
+            eqns.append(eqn.replace(invars=[sub(v) for v in eqn.invars]))
+            continue
+        inner, consts = _trace_rule(rule, eqn)
+        extra_vars += inner.constvars
+        extra_consts += consts
+        local = dict(zip(inner.invars, (sub(v) for v in eqn.invars), strict=True))
+        for e in inner.eqns:
+            eqns.append(
+                e.replace(
+                    invars=[
+                        v if isinstance(v, jax_core.Literal) else local.get(v, v) for v in e.invars
+                    ]
+                )
+            )
+        for out, new in zip(eqn.outvars, inner.outvars, strict=True):
+            subst[out] = new if isinstance(new, jax_core.Literal) else local.get(new, new)
+    new = jax_core.Jaxpr(
+        [*jaxpr.constvars, *extra_vars],
+        jaxpr.invars,
+        [sub(v) for v in jaxpr.outvars],
+        eqns,
+        jaxpr.effects,
+        jaxpr.debug_info,
+    )
+    return new, extra_consts

@@ -1,0 +1,383 @@
+"""One regression test per simulator patch: the failure of jax 0.10.2's interpreter without it,
+and the working program with it. Stock failures that hang run in a subprocess with a timeout, so
+the test proves the hang without hanging the suite."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import tpu_sc as plsc
+
+from coremesh.testing.guide import PROGRAMS
+from coremesh.testing.plugin import Pending, launch
+from coremesh.testing.sim import (
+    PATCH_NAMES,
+    SimulationDeadlock,
+    SimulationRaceError,
+    Simulator,
+    simulate,
+)
+
+pytestmark = pytest.mark.sim
+
+#: Seconds a stock run gets before it counts as hung (a fixed run needs a few).
+HANG_TIMEOUT = 45.0
+
+GUIDE_RUN = """
+import numpy as np
+from coremesh.testing.guide import PROGRAMS
+from coremesh.testing.sim import simulate
+
+with simulate(chip="v5p", devices={devices}, disable_patches={disabled!r}, deadline=600) as sim:
+    program = PROGRAMS[{name!r}]
+    mesh = sim.mesh()
+    inputs = program.make_inputs(mesh)
+    got = np.asarray(program.build(mesh)(*inputs))
+    np.testing.assert_array_equal(got, program.expected(*map(np.asarray, inputs)))
+print("RESULT OK")
+"""
+
+DEADLOCK_RUN = """
+import jax, jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from coremesh.testing.sim import simulate
+
+def body(x_hbm, o_hbm, sem):
+    pl.semaphore_wait(sem, 1)  # nobody signals
+
+with simulate(chip="v5p", devices=1, disable_patches={disabled!r}, deadline=2) as sim:
+    f = jax.jit(pl.kernel(body, out_type=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                          mesh=pltpu.create_tensorcore_mesh("core"),
+                          scratch_types=[pltpu.SemaphoreType.REGULAR]))
+    try:
+        f(jnp.zeros((8, 128), jnp.float32))
+    except Exception as err:
+        print("RESULT", type(err).__name__)
+"""
+
+
+def _code(template: str, **kw: Any) -> str:
+    return textwrap.dedent(template.format(**kw))
+
+
+@pytest.fixture(scope="module")
+def hanging_runs() -> Iterator[dict[str, Pending]]:
+    """Start every run that may hang at once, so their timeouts overlap."""
+    env = {"JAX_PLATFORMS": "cpu"}
+    runs = {
+        "io_callback": launch(
+            _code(GUIDE_RUN, devices=4, name="add_one", disabled=["io_callback_host_copy"]),
+            HANG_TIMEOUT,
+            env,
+        ),
+        "watchdog_off": launch(
+            _code(DEADLOCK_RUN, disabled=["deadlock_watchdog"]), HANG_TIMEOUT / 2, env
+        ),
+        "watchdog_on": launch(_code(DEADLOCK_RUN, disabled=[]), HANG_TIMEOUT, env),
+    }
+    yield runs
+    for run in runs.values():
+        run.wait()
+
+
+def guide_result(sim: Simulator, name: str) -> tuple[np.ndarray, np.ndarray]:
+    program = PROGRAMS[name]
+    mesh = sim.mesh()
+    inputs = program.make_inputs(mesh)
+    got = np.asarray(sim.run(program.build(mesh), *inputs))
+    return got, program.expected(*map(np.asarray, inputs), num_cores=sim.cores_per_device)
+
+
+def test_every_patch_has_a_regression_test() -> None:
+    covered = {
+        "simulated_chip",
+        "host_devices",
+        "io_callback_host_copy",
+        "intercore",
+        "sparsecore_axes",
+        "sparsecore_primitives",
+        "compile_cache",
+        "fast_transforms",
+        "deadlock_watchdog",
+        "race_report",
+    }
+    assert covered == set(PATCH_NAMES)
+
+
+# simulated_chip ---------------------------------------------------------------------------
+
+
+def test_simulated_chip() -> None:
+    with simulate(devices=1, disable_patches=["simulated_chip"]):
+        with pytest.raises(ValueError, match="Unsupported TPU device kind: cpu"):
+            pltpu.get_tpu_info()
+        with pytest.raises(AttributeError):  # reads num_cores of a CPU device
+            pltpu.create_tensorcore_mesh("core")
+    with simulate(devices=1):
+        assert pltpu.get_tpu_info().num_cores == 2
+        assert dict(pltpu.create_tensorcore_mesh("core").shape) == {"core": 2}
+
+
+# host_devices -----------------------------------------------------------------------------
+
+
+def test_host_devices() -> None:
+    host = len(jax.devices("cpu"))
+    assert host > 4
+    with simulate(devices=4, disable_patches=["host_devices"]):
+        # The guide builds its mesh from jax.device_count(): every host device, not 4.
+        assert jax.make_mesh((jax.device_count(),), ("device",)).size == host
+    with simulate(devices=4):
+        assert jax.make_mesh((jax.device_count(),), ("device",)).size == 4
+
+
+# io_callback_host_copy --------------------------------------------------------------------
+
+
+def test_io_callback_host_copy(hanging_runs: dict[str, Pending]) -> None:
+    stock = hanging_runs["io_callback"].wait()
+    assert stock.timed_out, f"expected the 4-device add_one to hang:\n{stock.stdout}{stock.stderr}"
+    with simulate(devices=4) as sim:
+        got, want = guide_result(sim, "add_one")
+        np.testing.assert_array_equal(got, want)
+
+
+# intercore --------------------------------------------------------------------------------
+
+
+def local_signal_kernel(x_hbm: Any, o_hbm: Any, vmem: Any, dsem: Any, rsem: Any) -> None:
+    """Each core signals and waits its own semaphore: no core_index, no device_id."""
+    c = jax.lax.axis_index("core")
+    cols = pl.ds(c * 128, 128)
+    pltpu.async_copy(x_hbm.at[:, cols], vmem, dsem).wait()
+    pl.semaphore_signal(rsem, 1)
+    pl.semaphore_wait(rsem, 1)
+    vmem[...] = vmem[...] + 1
+    pltpu.async_copy(vmem, o_hbm.at[:, cols], dsem).wait()
+
+
+def run_local_signal(sim: Simulator) -> np.ndarray:
+    mesh = sim.mesh()
+    spec = jax.P("device", None)
+
+    @jax.jit
+    @partial(jax.shard_map, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+    def f(x: Any) -> Any:
+        return pl.kernel(
+            local_signal_kernel,
+            out_type=x,
+            mesh=pltpu.create_tensorcore_mesh("core"),
+            scratch_types=[
+                pltpu.VMEM((x.shape[0], 128), x.dtype),
+                pltpu.SemaphoreType.DMA,
+                pltpu.SemaphoreType.REGULAR,
+            ],
+        )(x)
+
+    x = jnp.arange(16 * 256, dtype=jnp.float32).reshape(16, 256)
+    return np.asarray(sim.run(f, jax.device_put(x, jax.NamedSharding(mesh, spec))))
+
+
+def test_intercore_device_id_naming_a_core() -> None:
+    with (
+        simulate(devices=2, disable_patches=["intercore"]) as sim,
+        pytest.raises(NotImplementedError, match="'core'"),
+    ):
+        guide_result(sim, "swap_kernel")
+    with simulate(devices=2) as sim:
+        for name in ("swap_kernel", "swap_core_map"):
+            got, want = guide_result(sim, name)
+            np.testing.assert_array_equal(got, want)
+
+
+def test_intercore_signal_without_core_index_goes_to_the_signalling_core() -> None:
+    # Stock sends both cores' signals to core 0: core 1 waits forever (caught as a deadlock).
+    with simulate(devices=1, disable_patches=["intercore"], deadline=2) as sim:
+        with pytest.raises(SimulationDeadlock) as info:
+            run_local_signal(sim)
+        assert info.value.core == 1
+    with simulate(devices=1) as sim:
+        want = np.arange(16 * 256, dtype=np.float32).reshape(16, 256) + 1
+        np.testing.assert_array_equal(run_local_signal(sim), want)
+
+
+# sparsecore_axes --------------------------------------------------------------------------
+
+
+def test_sparsecore_axes() -> None:
+    with simulate(devices=1, disable_patches=["sparsecore_axes"]) as sim:
+        got, want = guide_result(sim, "sc_add_one")
+    rows_per_subcore = want.shape[0] // 64
+    correct_rows = (got == want).all(axis=1)
+    # Every subcore thinks it is subcore 0: only subcore 0's rows come out right.
+    assert correct_rows[:rows_per_subcore].all()
+    assert not correct_rows[rows_per_subcore:].any()
+    with simulate(devices=1) as sim:
+        got, want = guide_result(sim, "sc_add_one")
+        np.testing.assert_array_equal(got, want)
+
+
+# sparsecore_primitives --------------------------------------------------------------------
+
+
+def gather_on_subcores(sim: Simulator) -> tuple[np.ndarray, np.ndarray]:
+    lanes = pltpu.get_tpu_info().sparse_core.num_lanes
+    x = jnp.arange(lanes, dtype=jnp.int32) * 5
+
+    def kernel(x_hbm: Any, o_hbm: Any, v: Any, out: Any) -> None:
+        pltpu.sync_copy(x_hbm, v)
+        out[...] = plsc.load_gather(v, [jnp.arange(lanes, dtype=jnp.int32)[::-1]])
+        pltpu.sync_copy(out, o_hbm)
+
+    mesh = plsc.VectorSubcoreMesh(
+        core_axis_name="core", subcore_axis_name="subcore", num_cores=1, num_subcores=1
+    )
+    f = jax.jit(
+        pl.kernel(
+            kernel, out_type=x, mesh=mesh, scratch_types=[pltpu.VMEM((lanes,), jnp.int32)] * 2
+        )
+    )
+    return np.asarray(sim.run(f, x)), np.asarray(x)[::-1]
+
+
+def test_sparsecore_primitives() -> None:
+    with (
+        simulate(devices=1, disable_patches=["sparsecore_primitives"]) as sim,
+        pytest.raises(TypeError, match="must be int32 or float32"),  # a buffer id, int16
+    ):
+        gather_on_subcores(sim)
+    with simulate(devices=1) as sim:
+        got, want = gather_on_subcores(sim)
+        np.testing.assert_array_equal(got, want)
+
+
+# compile_cache ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def count_compiles(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    from jax._src import stages
+
+    calls = [0]
+    orig = stages.Lowered.compile
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return orig(self, *args, **kwargs)
+
+    monkeypatch.setattr(stages.Lowered, "compile", counting)
+    return calls
+
+
+@pytest.mark.parametrize(("disabled", "warm_compiles"), [(["compile_cache"], 2), ([], 0)])
+def test_compile_cache(count_compiles: list[int], disabled: list[str], warm_compiles: int) -> None:
+    """A warm call of a 2-core kernel: stock compiles each core's program again."""
+    with simulate(devices=1, disable_patches=disabled) as sim:
+        program = PROGRAMS["swap_kernel"]
+        mesh = sim.mesh()
+        fn, inputs = program.build(mesh), program.make_inputs(mesh)
+        sim.run(fn, *inputs)  # cold
+        count_compiles[0] = 0
+        got = np.asarray(sim.run(fn, *inputs))  # warm
+        assert count_compiles[0] == warm_compiles
+        np.testing.assert_array_equal(got, program.expected(*map(np.asarray, inputs)))
+
+
+# fast_transforms --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("disabled", "generic"), [(["fast_transforms"], True), ([], False)])
+def test_fast_transforms(
+    monkeypatch: pytest.MonkeyPatch, disabled: list[str], generic: bool
+) -> None:
+    """Stock converts every callback's index transforms through jax's pytree flattening."""
+    from jax._src.state import indexing
+
+    flattens = [0]
+    orig = indexing.NDIndexer.tree_flatten
+
+    def counting(self: Any) -> Any:
+        flattens[0] += 1
+        return orig(self)
+
+    monkeypatch.setattr(indexing.NDIndexer, "tree_flatten", counting)
+    with simulate(devices=1, disable_patches=disabled) as sim:
+        program = PROGRAMS["swap_kernel"]
+        mesh = sim.mesh()
+        fn, inputs = program.build(mesh), program.make_inputs(mesh)
+        sim.run(fn, *inputs)
+        flattens[0] = 0
+        got = np.asarray(sim.run(fn, *inputs))
+    assert (flattens[0] > 0) == generic
+    np.testing.assert_array_equal(got, program.expected(*map(np.asarray, inputs), num_cores=2))
+
+
+def test_int_tree_matches_jax_tree_map() -> None:
+    from jax._src import indexing as slices
+    from jax._src.state import indexing
+
+    from coremesh.testing.sim.patches import int_tree
+
+    nd = indexing.NDIndexer(
+        (slices.Slice(np.int32(3), 8, 1), np.int64(2), slices.Slice(0, np.int32(128), 2)),
+        (64, 4, 256),
+        (),
+    )
+    tree = ((nd,), None, [np.array(7, np.int32)], (nd, nd))
+    assert int_tree(tree) == jax.tree.map(int, tree)
+    assert type(int_tree(tree)[0][0].indices[1]) is int
+
+
+# deadlock_watchdog ------------------------------------------------------------------------
+
+
+def test_deadlock_watchdog(hanging_runs: dict[str, Pending]) -> None:
+    stock = hanging_runs["watchdog_off"].wait()
+    assert stock.timed_out, f"expected an endless wait:\n{stock.stdout}{stock.stderr}"
+    fixed = hanging_runs["watchdog_on"].wait()
+    assert not fixed.timed_out
+    assert "RESULT SimulationDeadlock" in fixed.stdout, fixed.stderr
+
+
+# race_report ------------------------------------------------------------------------------
+
+
+def write_write_race(x_hbm: Any, o_hbm: Any, vmem: Any, sem: Any) -> None:
+    pltpu.async_copy(x_hbm.at[:, pl.ds(0, 128)], vmem, sem).wait()
+    pltpu.async_copy(vmem, o_hbm.at[:, pl.ds(0, 128)], sem).wait()  # both cores, one block
+
+
+def run_racy(sim: Simulator) -> None:
+    mesh = sim.mesh()
+    spec = jax.P("device", None)
+
+    @jax.jit
+    @partial(jax.shard_map, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+    def f(x: Any) -> Any:
+        return pl.kernel(
+            write_write_race,
+            out_type=x,
+            mesh=pltpu.create_tensorcore_mesh("core"),
+            scratch_types=[pltpu.VMEM((x.shape[0], 128), x.dtype), pltpu.SemaphoreType.DMA],
+        )(x)
+
+    x = jax.device_put(jnp.ones((8, 256), jnp.float32), jax.NamedSharding(mesh, spec))
+    sim.run(f, x)
+
+
+def test_race_report(capfd: pytest.CaptureFixture[str]) -> None:
+    with simulate(devices=1, races=True, disable_patches=["race_report"]) as sim:
+        run_racy(sim)  # stock: no failure ...
+    assert "RACE DETECTED" in capfd.readouterr().out  # ... only a printed line
+    with pytest.raises(SimulationRaceError), simulate(devices=1, races=True) as sim:
+        run_racy(sim)

@@ -1,0 +1,173 @@
+"""simulate(): what jax sees inside the context, bad input, nesting, and clean exit."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import tpu_sc as plsc
+
+from coremesh.core.chips import get_chip
+from coremesh.core.errors import ChipError, CoremeshError, MeshError, UnsupportedOnChipError
+from coremesh.core.targets import Target, current_target
+from coremesh.testing.sim import JAX_VERSION, PATCH_NAMES, Simulator, patches, simulate
+
+pytestmark = pytest.mark.sim
+
+
+@pytest.mark.parametrize("name", ["v4", "v5e", "v5p", "v6e", "TPU7x"])
+def test_tpu_info_and_core_mesh_answer_for_the_simulated_chip(name: str) -> None:
+    chip = get_chip(name)
+    with simulate(chip=name, devices=2) as sim:
+        info = pltpu.get_tpu_info()
+        assert info.num_cores == chip.default_cores_per_device
+        assert str(info.chip_version) == {"TPU7x": "7x"}.get(name, name)
+        mesh = pltpu.create_tensorcore_mesh("core")
+        assert dict(mesh.shape) == {"core": chip.default_cores_per_device}
+        assert sim.cores_per_device == chip.default_cores_per_device
+        if chip.sparsecore is None:
+            assert info.sparse_core is None
+        else:
+            sc = info.sparse_core
+            assert (sc.num_cores, sc.num_subcores, sc.num_lanes) == (
+                chip.sparsecore.cores,
+                chip.sparsecore.subcores,
+                chip.sparsecore.lanes,
+            )
+
+
+def test_jax_devices_are_the_simulated_devices() -> None:
+    assert len(jax.devices("cpu")) >= 4  # the plugin asked for 8 host devices
+    with simulate(devices=4) as sim:
+        assert jax.device_count() == 4
+        assert len(jax.devices()) == 4 == jax.local_device_count()
+        assert tuple(jax.devices()) == sim.devices
+        assert jax.make_mesh((jax.device_count(),), ("device",)).size == 4
+    with simulate(devices=1):
+        assert jax.device_count() == 1
+
+
+def test_v5p_in_one_core_mode() -> None:
+    with simulate(chip="v5p", devices=1, cores_per_device=1):
+        assert pltpu.get_tpu_info().num_cores == 1
+        assert dict(pltpu.create_tensorcore_mesh("core").shape) == {"core": 1}
+
+
+def test_outside_the_context_jax_is_untouched() -> None:
+    before = {name: getattr(obj, attr) for name, obj, attr in _patched_attributes()}
+    with simulate(devices=2):
+        inside = {name: getattr(obj, attr) for name, obj, attr in _patched_attributes()}
+    after = {name: getattr(obj, attr) for name, obj, attr in _patched_attributes()}
+    assert after == before
+    assert all(inside[k] is not before[k] for k in before)
+    with pytest.raises(ValueError, match="Unsupported TPU device kind"):
+        pltpu.get_tpu_info()
+
+
+def _patched_attributes() -> list[tuple[str, object, str]]:
+    from jax._src import callback
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+    from jax._src.pallas.mosaic.interpret import thread_map
+
+    return [
+        ("io_callback_impl", callback, "io_callback_impl"),
+        ("dma_start", ipc, "dma_start"),
+        ("run_jaxpr", thread_map, "_run_jaxpr"),
+        ("devices", jax, "devices"),
+        ("create_tensorcore_mesh", pltpu, "create_tensorcore_mesh"),
+    ]
+
+
+def test_simulator_is_the_current_target() -> None:
+    with simulate(chip="v6e", devices=2) as sim:
+        assert isinstance(sim, Target)
+        assert current_target() is sim
+        assert sim.chip.name == "v6e"
+        assert sim.num_devices == 2
+
+
+def test_nested_contexts_answer_for_the_innermost_chip() -> None:
+    with simulate(chip="v5p", devices=2):
+        assert pltpu.get_tpu_info().num_cores == 2
+        with simulate(chip="v6e", devices=1):
+            assert pltpu.get_tpu_info().num_cores == 1
+            assert jax.device_count() == 1
+        assert pltpu.get_tpu_info().num_cores == 2
+        assert jax.device_count() == 2
+    assert patches.installed_chip() is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"chip": "v9z"}, ChipError, "unknown chip 'v9z'"),
+        ({"chip": "v5e", "cores_per_device": 2}, ChipError, "no mode with 2 TensorCore"),
+        ({"devices": 0}, MeshError, "devices=0"),
+        ({"dma_execution_mode": "lazy"}, CoremeshError, "dma_execution_mode='lazy'"),
+        ({"deadline": 0}, CoremeshError, "deadline=0"),
+        ({"uninitialized_memory": "junk"}, CoremeshError, "uninitialized_memory"),
+        ({"disable_patches": ["nope"]}, CoremeshError, "unknown simulator patch"),
+    ],
+)
+def test_bad_input_is_refused_before_anything_runs(
+    kwargs: dict[str, object], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        simulate(**kwargs)  # type: ignore[arg-type]
+    assert patches.installed_chip() is None
+
+
+def test_more_host_devices_than_jax_started_with_is_a_clear_error() -> None:
+    have = len(jax.devices("cpu"))
+    with pytest.raises(CoremeshError, match=f"already started with {have}") as info:
+        simulate(devices=have + 1).__enter__()
+    assert "JAX_NUM_CPU_DEVICES" in str(info.value)
+    assert patches.installed_chip() is None
+
+
+def test_a_core_mesh_larger_than_the_device_is_refused() -> None:
+    with simulate(chip="v6e", devices=1), pytest.raises(MeshError, match="2 cores on a device"):
+        pltpu.create_tensorcore_mesh("core", num_cores=2)
+
+
+def test_a_chip_without_sparsecore_refuses_sparsecore_meshes() -> None:
+    with simulate(chip="v5e", devices=1):
+        with pytest.raises(UnsupportedOnChipError, match="v5e has no SparseCore") as info:
+            plsc.VectorSubcoreMesh(core_axis_name="core", subcore_axis_name="subcore")
+        assert info.value.chip == "v5e"
+        with pytest.raises(UnsupportedOnChipError):
+            plsc.ScalarSubcoreMesh(axis_name="core")
+
+
+def test_devices_exist_only_inside() -> None:
+    sim = Simulator("v5p", 2)
+    with pytest.raises(CoremeshError, match="only inside its context"):
+        _ = sim.devices
+    with sim:
+        assert len(sim.devices) == 2
+
+
+def test_patches_are_written_for_one_jax_version() -> None:
+    assert jax.__version__ == JAX_VERSION
+    patches.check_jax_version(JAX_VERSION)
+    with pytest.raises(CoremeshError, match=r"supports jax 0\.10\.2, and jax 0\.11\.0"):
+        patches.check_jax_version("0.11.0")
+    assert set(PATCH_NAMES) == {name for name, _ in patches.describe()}
+
+
+def test_device_mesh_reshards_plain_arrays() -> None:
+    from functools import partial
+
+    import numpy as np
+
+    with simulate(chip="v5p", devices=4) as sim:
+        mesh = sim.device_mesh()
+        assert mesh.axis_types == (jax.sharding.AxisType.Auto,)
+
+        @jax.jit
+        @partial(jax.shard_map, mesh=mesh, in_specs=jax.P("device"), out_specs=jax.P("device"))
+        def f(x: jax.Array) -> jax.Array:
+            return x * jax.lax.axis_index("device")
+
+        got = np.asarray(f(np.ones(8, np.float32)))  # a host array, resharded by shard_map
+        np.testing.assert_array_equal(got, [0, 0, 1, 1, 2, 2, 3, 3])

@@ -1,0 +1,212 @@
+"""SparseCore primitives on the simulator: simulated against numpy, or refused clearly."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import tpu_sc as plsc
+
+from coremesh.testing.sim import NotSimulatedError, simulate
+
+pytestmark = pytest.mark.sim
+
+Body = Callable[[Any, Any, Any, Any], None]
+
+
+def run_on_subcores(chip: str, body: Body) -> tuple[np.ndarray, np.ndarray, int]:
+    """Each vector subcore w copies its L lanes of x to VMEM, runs body, copies back."""
+    with simulate(chip=chip, devices=1) as sim:
+        info = pltpu.get_tpu_info().sparse_core
+        lanes, subcores = info.num_lanes, info.num_subcores
+        workers = info.num_cores * subcores
+        x = jnp.arange(workers * lanes, dtype=jnp.int32) * 3 - 7
+
+        def kernel(x_hbm: Any, o_hbm: Any, v_in: Any, v_out: Any) -> None:
+            w = jax.lax.axis_index("core") * subcores + jax.lax.axis_index("subcore")
+            pltpu.sync_copy(x_hbm.at[pl.ds(w * lanes, lanes)], v_in)
+            body(v_in, v_out, w, lanes)
+            pltpu.sync_copy(v_out, o_hbm.at[pl.ds(w * lanes, lanes)])
+
+        mesh = plsc.VectorSubcoreMesh(core_axis_name="core", subcore_axis_name="subcore")
+        f = jax.jit(
+            pl.kernel(
+                kernel,
+                out_type=x,
+                mesh=mesh,
+                scratch_types=[pltpu.VMEM((lanes,), jnp.int32)] * 2,
+            )
+        )
+        got = np.asarray(sim.run(f, x)).reshape(workers, lanes)
+        return got, np.asarray(x).reshape(workers, lanes), lanes
+
+
+def reversed_lanes(lanes: int) -> Any:
+    return jnp.arange(lanes, dtype=jnp.int32)[::-1]
+
+
+@pytest.mark.parametrize("chip", ["v5p", "TPU7x"])
+def test_axis_indices_name_every_subcore(chip: str) -> None:
+    def body(v_in: Any, v_out: Any, w: Any, lanes: int) -> None:
+        v_out[...] = jnp.full((lanes,), w, jnp.int32)
+
+    got, _, lanes = run_on_subcores(chip, body)
+    np.testing.assert_array_equal(got, np.repeat(np.arange(got.shape[0]), lanes).reshape(got.shape))
+
+
+def test_load_gather() -> None:
+    def body(v_in: Any, v_out: Any, w: Any, lanes: int) -> None:
+        v_out[...] = plsc.load_gather(v_in, [reversed_lanes(lanes)])
+
+    got, x, _ = run_on_subcores("v5p", body)
+    np.testing.assert_array_equal(got, x[:, ::-1])
+
+
+def test_masked_load_gather_leaves_masked_lanes_uninitialised() -> None:
+    def body(v_in: Any, v_out: Any, w: Any, lanes: int) -> None:
+        idx = reversed_lanes(lanes)
+        v_out[...] = plsc.load_gather(v_in, [idx], mask=idx % 2 == 0)
+
+    got, x, lanes = run_on_subcores("v5p", body)
+    rev = x[:, ::-1]
+    even_index = (np.arange(lanes)[::-1] % 2) == 0
+    np.testing.assert_array_equal(got[:, even_index], rev[:, even_index])
+    assert (got[:, ~even_index] == np.iinfo(np.int32).max).all()
+
+
+def test_store_scatter_with_mask_keeps_unselected_lanes() -> None:
+    def body(v_in: Any, v_out: Any, w: Any, lanes: int) -> None:
+        v_out[...] = jnp.zeros((lanes,), jnp.int32)
+        idx = reversed_lanes(lanes)
+        plsc.store_scatter(v_out, [idx], v_in[...], mask=jnp.arange(lanes) < lanes // 2)
+
+    got, x, lanes = run_on_subcores("v5p", body)
+    want = np.zeros_like(x)
+    half = lanes // 2
+    want[:, lanes - half :] = x[:, :half][:, ::-1]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_addupdate_scatter_accumulates_duplicate_indices() -> None:
+    def body(v_in: Any, v_out: Any, w: Any, lanes: int) -> None:
+        v_out[...] = jnp.zeros((lanes,), jnp.int32)
+        idx = reversed_lanes(lanes)
+        plsc.addupdate_scatter(v_out, [idx], v_in[...])
+        plsc.addupdate_scatter(v_out, [idx // 2], v_in[...])
+
+    got, x, lanes = run_on_subcores("v5p", body)
+    want = x[:, ::-1].copy()
+    for lane in range(lanes):  # hand count of the second scatter
+        want[:, (lanes - 1 - lane) // 2] += x[:, lane]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_parallel_loop_with_a_carry() -> None:
+    def body(v_in: Any, v_out: Any, w: Any, lanes: int) -> None:
+        @plsc.parallel_loop(0, lanes, step=4, carry=jnp.int32(0))
+        def total(i: Any, c: Any) -> Any:
+            v_out[pl.ds(i, 4)] = v_in[pl.ds(i, 4)] * 2 + jax.lax.axis_index("subcore")
+            return c + i
+
+        v_out[pl.ds(0, 1)] = jnp.full((1,), total, jnp.int32)
+
+    got, x, lanes = run_on_subcores("v5p", body)
+    want = x * 2 + (np.arange(x.shape[0]) % 16)[:, None]
+    want[:, 0] = sum(range(0, lanes, 4))
+    np.testing.assert_array_equal(got, want)
+
+
+def test_out_of_range_gather_index_raises() -> None:
+    def body(v_in: Any, v_out: Any, w: Any, lanes: int) -> None:
+        v_out[...] = plsc.load_gather(v_in, [reversed_lanes(lanes) + 1])
+
+    with pytest.raises(IndexError, match=r"load_gather: lane 0 indexes 8 in dimension 0"):
+        run_on_subcores("v5p", body)
+
+
+@pytest.mark.parametrize(
+    ("name", "body"),
+    [
+        ("plsc.subcore_barrier", lambda vi, vo, w, n: plsc.subcore_barrier()),
+        (
+            "plsc.bitcast",
+            lambda vi, vo, w, n: vo.__setitem__(
+                ..., plsc.bitcast(vi[...], jnp.float32).astype(jnp.int32)
+            ),
+        ),
+        ("plsc.cumsum", lambda vi, vo, w, n: vo.__setitem__(..., plsc.cumsum(vi[...]))),
+    ],
+)
+def test_unsimulated_primitives_are_refused(name: str, body: Body) -> None:
+    with pytest.raises(NotSimulatedError, match=f"{name} is not simulated") as info:
+        run_on_subcores("v5p", body)
+    assert "compile-only target" in str(info.value)
+
+
+def test_indexed_dma_gather_is_refused() -> None:
+    """sync_copy(table.at[idx_ref], ...): the interpreter would use the index ref's buffer id
+    as the row index; the simulator refuses instead of copying the wrong rows."""
+    with simulate(chip="v5p", devices=1) as sim:
+        lanes = pltpu.get_tpu_info().sparse_core.num_lanes
+        table = jnp.arange(64 * 16, dtype=jnp.float32).reshape(64, 16)
+        idx = jnp.arange(lanes, dtype=jnp.int32) * 7 % 64
+
+        def kernel(t_hbm: Any, i_hbm: Any, o_hbm: Any, i_vmem: Any, rows: Any) -> None:
+            pltpu.sync_copy(i_hbm, i_vmem)
+            pltpu.sync_copy(t_hbm.at[i_vmem], rows)
+            pltpu.sync_copy(rows, o_hbm)
+
+        mesh = plsc.VectorSubcoreMesh(
+            core_axis_name="core", subcore_axis_name="subcore", num_cores=1, num_subcores=1
+        )
+        f = jax.jit(
+            pl.kernel(
+                kernel,
+                out_type=jax.ShapeDtypeStruct((lanes, 16), jnp.float32),
+                mesh=mesh,
+                scratch_types=[
+                    pltpu.VMEM((lanes,), jnp.int32),
+                    pltpu.VMEM((lanes, 16), jnp.float32),
+                ],
+            )
+        )
+        with pytest.raises(NotSimulatedError, match="indexed DMA"):
+            sim.run(f, table, idx)
+
+
+def test_row_by_row_gather_is_simulated() -> None:
+    """The refusal's suggested rewrite: one DMA per row, indices read from SMEM."""
+    with simulate(chip="v5p", devices=1) as sim:
+        rows_n = 8
+        table = jnp.arange(64 * 16, dtype=jnp.float32).reshape(64, 16)
+        idx = jnp.asarray([5, 0, 63, 5, 17, 2, 40, 9], jnp.int32)
+
+        def kernel(t_hbm: Any, i_hbm: Any, o_hbm: Any, i_smem: Any, rows: Any) -> None:
+            pltpu.sync_copy(i_hbm, i_smem)
+
+            @pl.loop(0, rows_n)
+            def _(r: Any) -> None:
+                pltpu.sync_copy(t_hbm.at[pl.ds(i_smem[r], 1)], rows.at[pl.ds(r, 1)])
+
+            pltpu.sync_copy(rows, o_hbm)
+
+        mesh = plsc.ScalarSubcoreMesh(axis_name="core", num_cores=1)
+        f = jax.jit(
+            pl.kernel(
+                kernel,
+                out_type=jax.ShapeDtypeStruct((rows_n, 16), jnp.float32),
+                mesh=mesh,
+                scratch_types=[
+                    pltpu.SMEM((rows_n,), jnp.int32),
+                    pltpu.VMEM((rows_n, 16), jnp.float32),
+                ],
+            )
+        )
+        got = np.asarray(sim.run(f, table, idx))
+        np.testing.assert_array_equal(got, np.asarray(table)[np.asarray(idx)])
