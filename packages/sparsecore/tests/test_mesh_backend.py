@@ -40,3 +40,10 @@ def test_registered_backend_serves_sparse_meshes() -> None:
     assert isinstance(b, SparseCoreBackend)
     assert cc.backend_for(cc.CoreKind.SPARSE_VECTOR) is b
     assert cc.backend_for(cc.CoreKind.SPARSE_SCALAR) is b
+
+
+def test_split_mode_device_drives_half_of_v5ps_sparsecores() -> None:
+    c = cc.get_chip("v5p")
+    split = mesh(target=HardwareTarget(c, 4, 1))
+    assert dict(split.axes) == {"core": 2, "subcore": 16}
+    assert mesh(cc.CoreKind.SPARSE_SCALAR, target=HardwareTarget(c, 4, 1)).axes == {"core": 2}

@@ -1,7 +1,39 @@
-"""coremesh.sparsecore: SparseCore vector/scalar subcore meshes and sparse kernels."""
+"""coremesh.sparsecore: SparseCore vector/scalar subcore meshes and sparse kernels.
+
+import coremesh.sparsecore as sc
+
+rows = sc.gather(table, indices)                  # embedding lookup
+table = sc.scatter_add(table, indices, updates)   # duplicates each add once
+sums = sc.segment_sum(values, segment_ids, num_segments)
+bags = sc.embedding_bag(table, indices, offsets, combiner="mean")
+"""
 
 from coremesh.sparsecore.backend import SparseCoreBackend, SparseCoreKernel
-from coremesh.sparsecore.mesh import SparseCoreMesh, mesh, sparsecore_of
+from coremesh.sparsecore.kernel import kernel
+from coremesh.sparsecore.mesh import SparseCoreMesh, active_sparsecores, mesh, sparsecore_of
+from coremesh.sparsecore.ops import embedding_bag, gather, scatter_add, segment_sum
+from coremesh.sparsecore.registers import (
+    check_register_shape,
+    register_shape,
+    register_width,
+    split,
+)
 
 __version__ = "0.1.0"
-__all__ = ["SparseCoreBackend", "SparseCoreKernel", "SparseCoreMesh", "mesh", "sparsecore_of"]
+__all__ = [
+    "SparseCoreBackend",
+    "SparseCoreKernel",
+    "SparseCoreMesh",
+    "active_sparsecores",
+    "check_register_shape",
+    "embedding_bag",
+    "gather",
+    "kernel",
+    "mesh",
+    "register_shape",
+    "register_width",
+    "scatter_add",
+    "segment_sum",
+    "sparsecore_of",
+    "split",
+]

@@ -14,6 +14,14 @@ from coremesh.core import Chip, CoreKind, Target, UnsupportedOnChipError, curren
 from coremesh.core.chips import SparseCoreSpec
 
 
+def active_sparsecores(chip: Chip, cores_per_device: int | None = None) -> int:
+    """SparseCores one JAX device drives: the chip record's count in its default mode, scaled by
+    the device's share of the chip's TensorCores (a v5p device in split mode drives 2 of 4)."""
+    spec = sparsecore_of(chip)
+    cores = chip.check_cores_per_device(cores_per_device or chip.default_cores_per_device)
+    return max(1, spec.cores * cores // chip.default_cores_per_device)
+
+
 def sparsecore_of(chip: Chip) -> SparseCoreSpec:
     if chip.sparsecore is None:
         raise UnsupportedOnChipError(
@@ -33,9 +41,12 @@ class SparseCoreMesh:
     kind: CoreKind = CoreKind.SPARSE_VECTOR
     core_axis: str = "core"
     subcore_axis: str = "subcore"
+    #: TensorCores per JAX device of the target (None: the chip's default mode).
+    cores_per_device: int | None = None
 
     def __post_init__(self) -> None:
         sparsecore_of(self.chip)
+        active_sparsecores(self.chip, self.cores_per_device)
         if self.kind is CoreKind.TENSOR:
             raise UnsupportedOnChipError(
                 "a SparseCore mesh cannot be of tensor kind",
@@ -49,22 +60,36 @@ class SparseCoreMesh:
         return sparsecore_of(self.chip)
 
     @property
+    def num_cores(self) -> int:
+        """SparseCores in the mesh (those the device drives)."""
+        return active_sparsecores(self.chip, self.cores_per_device)
+
+    @property
+    def num_subcores(self) -> int:
+        return self.spec.subcores
+
+    @property
+    def num_workers(self) -> int:
+        """Vector subcores in the mesh (cores x subcores)."""
+        return self.num_cores * self.num_subcores
+
+    @property
     def axes(self) -> Mapping[str, int]:
         if self.kind is CoreKind.SPARSE_SCALAR:
-            return MappingProxyType({self.core_axis: self.spec.cores})
+            return MappingProxyType({self.core_axis: self.num_cores})
         return MappingProxyType(
-            {self.core_axis: self.spec.cores, self.subcore_axis: self.spec.subcores}
+            {self.core_axis: self.num_cores, self.subcore_axis: self.spec.subcores}
         )
 
     def pallas_mesh(self) -> Any:
         from jax.experimental.pallas import tpu_sc as plsc
 
         if self.kind is CoreKind.SPARSE_SCALAR:
-            return plsc.ScalarSubcoreMesh(axis_name=self.core_axis, num_cores=self.spec.cores)
+            return plsc.ScalarSubcoreMesh(axis_name=self.core_axis, num_cores=self.num_cores)
         return plsc.VectorSubcoreMesh(
             core_axis_name=self.core_axis,
             subcore_axis_name=self.subcore_axis,
-            num_cores=self.spec.cores,
+            num_cores=self.num_cores,
             num_subcores=self.spec.subcores,
         )
 
@@ -72,6 +97,7 @@ class SparseCoreMesh:
 def mesh(
     kind: CoreKind = CoreKind.SPARSE_VECTOR, *, target: Target | None = None
 ) -> SparseCoreMesh:
-    """The SparseCore mesh of ``target`` (default: the active one)."""
+    """The SparseCore mesh of ``target`` (default: the active one), with as many SparseCores as
+    one of its devices drives (v5p split mode: 2)."""
     t = target if target is not None else current_target()
-    return SparseCoreMesh(t.chip, kind)
+    return SparseCoreMesh(t.chip, kind, cores_per_device=t.cores_per_device)
