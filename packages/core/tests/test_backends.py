@@ -146,3 +146,20 @@ def test_no_backend_for_kind(registry: dict[str, str]) -> None:
         warnings.simplefilter("error")
         with pytest.raises(BackendError, match="no installed backend serves tensor meshes"):
             kernel(lambda: None, out_type=(), mesh=FakeMesh())
+
+
+def test_pallas_kernel_refuses_a_mesh_of_another_kind() -> None:
+    from coremesh.core import MeshError
+    from coremesh.core.kernel import PallasKernel
+
+    class TensorOnly(PallasKernel):
+        backend_name = "tensor-only"
+        kinds = frozenset({CoreKind.TENSOR})
+
+    class SparseMesh(FakeMesh):
+        kind = CoreKind.SPARSE_VECTOR
+
+    spec = KernelSpec(body=lambda: None, out_type=(), mesh=SparseMesh())
+    with pytest.raises(MeshError, match="the tensor-only backend got a sparse_vector mesh") as e:
+        TensorOnly(spec)
+    assert e.value.chip == "v5p"

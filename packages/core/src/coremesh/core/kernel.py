@@ -6,7 +6,8 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from coremesh.core.mesh import CoreMesh
+from coremesh.core.errors import MeshError
+from coremesh.core.mesh import CoreKind, CoreMesh
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +45,48 @@ class KernelSpec:
     collective_id: int | None = None
     cost_estimate: CostEstimate | None = None
     compiler_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class PallasKernel:
+    """A kernel built with ``pl.kernel`` from a spec: what the Pallas TPU backends return.
+
+    Subclasses name their backend and the mesh kinds they accept; a spec over another kind is
+    refused before anything is traced.
+    """
+
+    backend_name: str = "pallas"
+    kinds: frozenset[CoreKind] = frozenset()
+
+    def __init__(self, spec: KernelSpec) -> None:
+        if spec.mesh.kind not in self.kinds:
+            accepted = ", ".join(sorted(k.value for k in self.kinds))
+            raise MeshError(
+                f"the {self.backend_name} backend got a {spec.mesh.kind.value} mesh",
+                rule=f"it builds kernels over {accepted} meshes only",
+                chip=spec.mesh.chip.name,
+                fix="use coremesh.core.kernel(...), which picks the backend for the mesh's kind",
+            )
+        from jax.experimental import pallas as pl
+        from jax.experimental.pallas import tpu as pltpu
+
+        self._spec = spec
+        params = pltpu.CompilerParams(collective_id=spec.collective_id, **spec.compiler_options)
+        self._fn = pl.kernel(
+            spec.body,
+            out_type=spec.out_type,
+            mesh=spec.mesh.pallas_mesh(),
+            scratch_types=tuple(spec.scratch),
+            compiler_params=params,
+            cost_estimate=spec.cost_estimate.to_pallas() if spec.cost_estimate else None,
+            name=spec.name,
+        )
+
+    @property
+    def spec(self) -> KernelSpec:
+        return self._spec
+
+    def __call__(self, *args: Any) -> Any:
+        return self._fn(*args)
 
 
 @runtime_checkable

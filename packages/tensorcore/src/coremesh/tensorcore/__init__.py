@@ -4,9 +4,9 @@ Array-level ops (``map_blocks``, ``reduce``, ``matmul``, ``gather_blocks``) are 
 their jax.numpy references; ``kernel`` and ``pipeline`` are the building blocks they use.
 """
 
+from coremesh.core.sharding import device_shards, inside_shard_map, on_devices
 from coremesh.tensorcore.backend import TensorCoreBackend, TensorCoreKernel
 from coremesh.tensorcore.blocks import choose_block, choose_matmul_blocks
-from coremesh.tensorcore.devices import inside_shard_map, on_devices
 from coremesh.tensorcore.kernel import kernel
 from coremesh.tensorcore.mesh import TensorCoreMesh, mesh
 from coremesh.tensorcore.ops.gather_blocks import gather_blocks
@@ -23,6 +23,7 @@ __all__ = [
     "choose_block",
     "choose_matmul_blocks",
     "core_share",
+    "device_shards",
     "gather_blocks",
     "inside_shard_map",
     "kernel",

@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 
 from coremesh.core import CapacityError, CostEstimate, LayoutError, current_target
 from coremesh.core.dtypes import itemsize
-from coremesh.sparsecore.devices import device_shards, on_devices
+from coremesh.core.sharding import device_shards, on_devices
 from coremesh.sparsecore.mesh import SparseCoreMesh, sparsecore_of
 from coremesh.sparsecore.mesh import mesh as target_mesh
 from coremesh.sparsecore.ops._checks import (

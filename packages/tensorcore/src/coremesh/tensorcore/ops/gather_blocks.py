@@ -24,8 +24,8 @@ from coremesh.core import (
     current_target,
     tile_shape,
 )
+from coremesh.core.sharding import device_shards, on_devices
 from coremesh.tensorcore.blocks import choose_block
-from coremesh.tensorcore.devices import device_shards, on_devices
 from coremesh.tensorcore.kernel import kernel
 from coremesh.tensorcore.mesh import TensorCoreMesh
 from coremesh.tensorcore.mesh import mesh as target_mesh

@@ -10,8 +10,8 @@ from jax.experimental import pallas as pl
 from jax.sharding import PartitionSpec as P
 
 from coremesh.core import CostEstimate, LayoutError, Parallel, current_target
+from coremesh.core.sharding import device_shards, on_devices
 from coremesh.tensorcore.blocks import choose_block
-from coremesh.tensorcore.devices import device_shards, on_devices
 from coremesh.tensorcore.kernel import kernel
 from coremesh.tensorcore.mesh import TensorCoreMesh
 from coremesh.tensorcore.mesh import mesh as target_mesh

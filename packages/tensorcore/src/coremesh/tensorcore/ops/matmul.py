@@ -11,8 +11,8 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 from coremesh.core import CostEstimate, LayoutError, Parallel, check_matmul_dtypes, current_target
+from coremesh.core.sharding import device_shards, on_devices
 from coremesh.tensorcore.blocks import choose_matmul_blocks
-from coremesh.tensorcore.devices import device_shards, on_devices
 from coremesh.tensorcore.kernel import kernel
 from coremesh.tensorcore.mesh import TensorCoreMesh
 from coremesh.tensorcore.mesh import mesh as target_mesh
