@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import pytest
 from jax.experimental.pallas import tpu as pltpu
@@ -37,7 +39,7 @@ def test_tpu_info_and_core_mesh_answer_for_the_simulated_chip(name: str) -> None
 
 
 def test_jax_devices_are_the_simulated_devices() -> None:
-    assert len(jax.devices("cpu")) >= 4  # the plugin asked for 8 host devices
+    assert len(jax.devices("cpu")) >= 4  # the plugin asked for 16 host devices
     with simulate(devices=4) as sim:
         assert jax.device_count() == 4
         assert len(jax.devices()) == 4 == jax.local_device_count()
@@ -171,3 +173,43 @@ def test_device_mesh_reshards_plain_arrays() -> None:
 
         got = np.asarray(f(np.ones(8, np.float32)))  # a host array, resharded by shard_map
         np.testing.assert_array_equal(got, [0, 0, 1, 1, 2, 2, 3, 3])
+
+
+def _visit_order_kernel() -> Any:
+    """A pallas_call over 8 PARALLEL grid points; block i records when it was visited."""
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    def body(o_ref: Any, step: Any) -> None:
+        o_ref[...] = jnp.full(o_ref.shape, step[0], jnp.int32)
+        step[0] = step[0] + 1
+
+    return pl.pallas_call(
+        body,
+        grid=(8,),
+        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((64, 128), jnp.int32),
+        scratch_shapes=[pltpu.SMEM((1,), jnp.int32)],
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+    )
+
+
+def test_grid_seed_chooses_the_parallel_grid_order() -> None:
+    import numpy as np
+
+    def visit_order(seed: int | None) -> Any:
+        with simulate("v5e", 1, grid_seed=seed, uninitialized_memory="zero") as sim:
+            return np.asarray(sim.run(jax.jit(_visit_order_kernel())))[::8, 0]
+
+    orders = {seed: visit_order(seed) for seed in (None, 0, 1, 2)}
+    for order in orders.values():
+        np.testing.assert_array_equal(np.sort(order), np.arange(8))  # each point exactly once
+    np.testing.assert_array_equal(orders[None], orders[0])  # None is the interpreter's seed 0
+    np.testing.assert_array_equal(visit_order(1), orders[1])  # a seed is reproducible
+    assert len({tuple(o) for o in orders.values()}) >= 2  # and seeds differ
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, True])
+def test_bad_grid_seed(seed: Any) -> None:
+    with pytest.raises(CoremeshError, match="grid_seed"):
+        simulate("v5p", 1, grid_seed=seed)

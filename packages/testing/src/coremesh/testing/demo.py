@@ -1,14 +1,15 @@
 """``coremesh demo``: the core_map guide's programs end to end, on a laptop CPU.
 
 1. the chip registry; 2. the guide's five programs on a simulated v5p slice (4 devices x 2
-TensorCores, both DMA modes, and 1 device), each checked against numpy; 3. the TensorCore ops on
-the simulator; 4. every program compiled by libtpu for every TPU generation; 5. a kernel that
-waits for a semaphore nobody signals, turned into an error instead of a hang. Exit status 1 if
-anything does not match its reference or does not compile where it should.
+TensorCores, both DMA modes, and 1 device), each checked against numpy; 3. the TensorCore and
+SparseCore ops on the simulator; 4. every program compiled by libtpu for every TPU generation; 5. a
+kernel that waits for a semaphore nobody signals, turned into an error instead of a hang. Exit
+status 1 if anything does not match its reference or does not compile where it should.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 import time
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from typing import Any, Literal, TextIO
 
 from coremesh.core import CHIPS
 
-HOST_DEVICES = 8
+HOST_DEVICES = 16
 
 
 class _Log:
@@ -148,17 +149,70 @@ def _tensorcore_ops(log: _Log) -> None:
             log.check(f"{label}: equals numpy", run)
 
 
+def _sparsecore_ops(log: _Log) -> None:
+    try:
+        import coremesh.sparsecore as sc
+    except ImportError:
+        log.section("3b. coremesh.sparsecore ops (skipped: coremesh-sparsecore not installed)")
+        return
+    import jax.numpy as jnp
+    import numpy as np
+
+    from coremesh.testing.sim import simulate
+
+    rng = np.random.default_rng(1)
+    table = rng.integers(-99, 99, (512, 128)).astype(np.float32)
+    idx = rng.integers(0, 512, 256).astype(np.int32)
+    upd = rng.integers(-9, 9, (256, 128)).astype(np.float32)
+    seg = np.sort(rng.integers(0, 40, 256)).astype(np.int32)
+    scatter_ref = table.copy()
+    np.add.at(scatter_ref, idx, upd)
+    segment_ref = np.zeros((40, 128), np.float32)
+    np.add.at(segment_ref, seg, upd)
+    for chip in ("v5p", "TPU7x"):
+        with simulate(chip, 1) as sim:
+            spec = sim.chip.sparsecore
+            assert spec is not None
+            log.section(
+                f"3b. coremesh.sparsecore ops on a simulated {chip} "
+                f"({spec.cores} SparseCores x {spec.subcores} subcores, {spec.lanes} lanes)"
+            )
+            checks: list[tuple[str, Callable[[], Any], Any]] = [
+                (
+                    "gather(table, 256 indices)",
+                    lambda: sc.gather(jnp.asarray(table), idx),
+                    table[idx],
+                ),
+                (
+                    "scatter_add with duplicate indices",
+                    lambda: sc.scatter_add(jnp.asarray(table), idx, jnp.asarray(upd)),
+                    scatter_ref,
+                ),
+                (
+                    "segment_sum(40 segments)",
+                    lambda: sc.segment_sum(jnp.asarray(upd), seg, 40),
+                    segment_ref,
+                ),
+            ]
+            for label, fn, want in checks:
+
+                def run(fn: Callable[[], Any] = fn, want: Any = want) -> None:
+                    np.testing.assert_array_equal(np.asarray(fn()), want)
+
+                log.check(f"{label}: equals numpy", run)
+
+
 def _compile(log: _Log) -> None:
     from coremesh.testing import aot
     from coremesh.testing.guide import PROGRAMS
 
     programs: list[Any] = list(PROGRAMS.values())
-    try:
-        from coremesh.tensorcore.programs import programs as tensorcore_programs
-
-        programs += tensorcore_programs()
-    except ImportError:
-        pass
+    for package in ("tensorcore", "sparsecore"):
+        try:
+            module = importlib.import_module(f"coremesh.{package}.programs")
+        except ImportError:
+            continue
+        programs += module.programs()
     log.section(
         f"4. Compiled by libtpu for every TPU generation, no TPU ({len(programs)} programs)"
     )
@@ -213,7 +267,7 @@ def main(out: TextIO = sys.stdout) -> int:
     log = _Log(out)
     t = time.perf_counter()
     log.line("coremesh demo: core-level Pallas TPU programs on this CPU, with a TPU's semantics")
-    for step in (_chips, _guide, _tensorcore_ops, _compile, _deadlock):
+    for step in (_chips, _guide, _tensorcore_ops, _sparsecore_ops, _compile, _deadlock):
         step(log)
     verdict = "all checks passed" if not log.failures else f"{log.failures} check(s) FAILED"
     log.line(f"\ncoremesh demo: {verdict} in {time.perf_counter() - t:.0f} s")

@@ -4,7 +4,8 @@
   passes its keywords to the ``sim`` fixture), ``aot`` (compiles for TPU generations with libtpu),
   ``tpu`` (needs TPU hardware).
 * Host devices: jax fixes its CPU device count when its backend starts, so the plugin asks for
-  8 before any test runs (4 simulated devices x 2 cores fit as separate devices too). It does not
+  16 before any test runs: a simulated core blocked on a semaphore holds a host execution thread,
+  and 4 devices x 2 cores run reliably with 4 x (2 + 1) host devices. It does not
   change ``JAX_PLATFORMS``: libtpu stays available for compile-only checks in the same process.
 * Fixtures: ``chip`` (``"v5p"``; parametrize it indirectly for other chips), ``sim`` (an entered
   :func:`coremesh.testing.simulate` context), ``run_isolated`` (run Python code in a subprocess
@@ -26,7 +27,7 @@ from typing import Any
 import pytest
 
 #: Host CPU devices the plugin asks jax for.
-HOST_DEVICES = 8
+HOST_DEVICES = 16
 #: Deadlock deadline of the ``sim`` fixture, well inside any test timeout.
 FIXTURE_DEADLINE_S = 10.0
 

@@ -41,10 +41,13 @@ def requested_host_devices() -> int | None:
     return _flag_count()
 
 
-def configure_host_devices(count: int) -> None:
+def configure_host_devices(count: int, *, prefer: int | None = None) -> None:
     """Ask jax for at least ``count`` CPU devices; a no-op if its backend already has them.
 
-    Raises :class:`CoremeshError` if the CPU backend already started with fewer.
+    ``prefer``: how many to ask for when the backend has not started yet. Each host device
+    brings execution threads, and a simulated core blocked on a semaphore holds one, so a
+    slice of ``devices`` x ``cores`` runs most reliably with ``devices * (cores + 1)``.
+    Raises :class:`CoremeshError` if the CPU backend already started with fewer than ``count``.
     """
     import jax
 
@@ -56,8 +59,9 @@ def configure_host_devices(count: int) -> None:
         )
     if not _backend_started():
         have = requested_host_devices()
-        if have is None or have < count:
-            jax.config.update("jax_num_cpu_devices", count)
+        want = max(count, prefer or count)
+        if have is None or have < want:
+            jax.config.update("jax_num_cpu_devices", want)
         return
     have_now = len(cpu_devices())
     if have_now < count:
@@ -70,7 +74,7 @@ def configure_host_devices(count: int) -> None:
             f"coremesh.testing.sim.configure_host_devices({count})) before any JAX operation, "
             f"or start the process with JAX_NUM_CPU_DEVICES={count} (or "
             f"XLA_FLAGS=--xla_force_host_platform_device_count={count}); under pytest the "
-            "coremesh plugin arranges 8",
+            "coremesh plugin arranges 16",
         )
 
 

@@ -78,6 +78,7 @@ class Simulator:
         races: bool = False,
         deadline: float = DEFAULT_DEADLINE_S,
         uninitialized_memory: Literal["nan", "zero"] = "nan",
+        grid_seed: int | None = None,
         disable_patches: Collection[str] = (),
     ) -> None:
         self._chip = get_chip(chip)
@@ -116,6 +117,15 @@ class Simulator:
                 rule=f"the deadlock deadline is a number of seconds in (0, {MAX_DEADLINE_S:g}]",
                 fix=f"pass e.g. deadline={DEFAULT_DEADLINE_S:g}",
             )
+        seed: object = grid_seed  # callers may pass anything; check it as a plain object
+        if seed is not None and not (
+            isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0
+        ):
+            raise CoremeshError(
+                f"grid_seed={grid_seed!r}",
+                rule="the seed of the parallel grid order is a non-negative integer",
+                fix="pass grid_seed=0, 1, ... (or None for the interpreter's default)",
+            )
         unknown = set(disable_patches) - set(patches.PATCH_NAMES)
         if unknown:
             raise CoremeshError(
@@ -133,6 +143,7 @@ class Simulator:
             dma_execution_mode=dma_execution_mode,
             detect_races=races,
             uninitialized_memory=uninitialized_memory,
+            random_seed=grid_seed,
         )
         self._devices: tuple[Any, ...] = ()
         self._stacks: list[tuple[contextlib.ExitStack, float, str | None]] = []
@@ -210,7 +221,7 @@ class Simulator:
         return jax_tpu_info.get_tpu_info_for_chip(_CHIP_VERSIONS[self._chip.name], self._cores)
 
     def __enter__(self) -> Simulator:
-        configure_host_devices(self._n)
+        configure_host_devices(self._n, prefer=self._n * (self._cores + 1))
         patches.check_jax_version()
         self._devices = tuple(cpu_devices()[: self._n])
         view = patches.SimulatedChip(
@@ -290,6 +301,7 @@ def simulate(
     races: bool = False,
     deadline: float = DEFAULT_DEADLINE_S,
     uninitialized_memory: Literal["nan", "zero"] = "nan",
+    grid_seed: int | None = None,
     disable_patches: Collection[str] = (),
 ) -> Simulator:
     """A context in which unchanged Pallas TPU code runs on the CPU as ``devices`` x ``chip``.
@@ -299,7 +311,7 @@ def simulate(
         ``"TPU7x"``).
       devices: simulated TPU devices, each one host CPU device. jax fixes the host device count
         when its CPU backend starts: enter the first ``simulate()`` before any JAX operation (the
-        pytest plugin arranges 8 for tests).
+        pytest plugin arranges 16 for tests).
       cores_per_device: TensorCores per device; the chip's default mode if None (v4/v5p: 2).
       dma_execution_mode: ``"on_wait"`` runs a DMA when it is waited for (latest, out of order:
         finds missing waits), ``"eager"`` when it starts.
@@ -309,6 +321,10 @@ def simulate(
         before it is a :class:`SimulationDeadlock`.
       uninitialized_memory: what fresh VMEM/SMEM/outputs hold: ``"nan"`` (max int for integers)
         exposes reads of unwritten memory.
+      grid_seed: the seed of the order in which the interpreter visits the grid points of
+        ``pallas_call`` dimensions with PARALLEL semantics (it always shuffles them, as cores on
+        real hardware may take them in any order; None is its default seed, 0). Run a kernel
+        under several seeds: one whose result depends on that order has a bug.
       disable_patches: names from ``patches.PATCH_NAMES`` to leave out; for regression tests
         that show what each fix is for.
 
@@ -326,5 +342,6 @@ def simulate(
         races=races,
         deadline=deadline,
         uninitialized_memory=uninitialized_memory,
+        grid_seed=grid_seed,
         disable_patches=disable_patches,
     )
