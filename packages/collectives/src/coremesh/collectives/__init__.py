@@ -1,7 +1,51 @@
-"""coremesh.collectives: collectives over TensorCores and TPU chips (work in progress).
+"""coremesh.collectives: collectives over the TensorCores of a device, over chips, or both.
 
-Nothing is exported yet: the operations land with their tests (see the package README).
+Two faces:
+
+* jittable functions on arrays, equal to ``jax.lax`` (:func:`psum`, :func:`all_gather`,
+  :func:`psum_scatter`, :func:`all_to_all`, :func:`ppermute`...), each one Pallas kernel;
+* in-kernel building blocks on refs for the body of a ``core_map`` / ``pl.kernel``
+  (:mod:`coremesh.collectives.blocks`), with the scratch and semaphores they need.
+
+Axes: ``"core"`` (the TensorCores of one device), a device mesh axis (``"device"``), or
+``("device", "core")`` (every core of every device, cores of a device adjacent). Algorithms:
+unidirectional and bidirectional rings, a two-stage hierarchical schedule, direct exchanges.
 """
 
+from coremesh.collectives import blocks
+from coremesh.collectives.axes import Axis, resolve
+from coremesh.collectives.cost import Traffic, traffic
+from coremesh.collectives.ops import (
+    all_gather,
+    all_reduce,
+    all_to_all,
+    barrier,
+    pmax,
+    pmin,
+    ppermute,
+    psum,
+    psum_scatter,
+    reduce_scatter,
+)
+from coremesh.collectives.scratch import Scratch, ScratchSpec
+
 __version__ = "0.1.0"
-__all__: list[str] = []
+__all__ = [
+    "Axis",
+    "Scratch",
+    "ScratchSpec",
+    "Traffic",
+    "all_gather",
+    "all_reduce",
+    "all_to_all",
+    "barrier",
+    "blocks",
+    "pmax",
+    "pmin",
+    "ppermute",
+    "psum",
+    "psum_scatter",
+    "reduce_scatter",
+    "resolve",
+    "traffic",
+]

@@ -1,0 +1,260 @@
+"""In-kernel blocks inside a user's own kernel body, checked against jax.lax.
+
+The user writes ``pl.kernel`` (or ``coremesh.tensorcore.kernel``) over the TensorCore mesh, does
+its own compute in VMEM, and calls a block on VMEM refs; the block allocates its semaphores and
+buffers itself, or takes them from the kernel's scratch (``scratch_for``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+import coremesh.core as cc
+import coremesh.tensorcore as tc
+from coremesh.collectives import blocks
+from coremesh.collectives.axes import resolve
+from coremesh.testing.sim import simulate
+
+pytestmark = pytest.mark.sim
+
+R, L = 8, 128
+CORES = 2  # v5p
+BAD_OP: Any = "prod"
+AXES: dict[str, Any] = {"device": "device", "core": "core", "hier": ("device", "core")}
+PARTICIPANTS = {"device": 4, "core": CORES, "hier": 4 * CORES}
+F = Callable[..., Any]
+
+
+def on_devices(per_device: Callable[[Any], Any], sim: Any, x: Any) -> np.ndarray:
+    f = jax.shard_map(
+        per_device,
+        mesh=sim.device_mesh(),
+        in_specs=jax.P("device"),
+        out_specs=jax.P("device"),
+        check_vma=False,
+    )
+    return np.asarray(sim.run(jax.jit(f), x))
+
+
+def test_the_guides_core_swap(operand: F) -> None:
+    """The core_map guide's swap: each core sends its column half to the other core, x2."""
+
+    def per_device(x: Any) -> Any:
+        def body(x_hbm: Any, o_hbm: Any) -> None:
+            core = lax.axis_index("core")
+            width = x_hbm.shape[1] // lax.axis_size("core")
+            cols = pl.ds(core * width, width)
+
+            def scoped(mine: Any, theirs: Any) -> None:
+                pltpu.sync_copy(x_hbm.at[:, cols], mine)
+                blocks.ppermute(mine, theirs, [(0, 1), (1, 0)], axis="core")
+                theirs[...] = theirs[...] * 2
+                pltpu.sync_copy(theirs, o_hbm.at[:, cols])
+
+            buf = pltpu.VMEM((x_hbm.shape[0], width), x_hbm.dtype)
+            pl.run_scoped(scoped, buf, buf)
+
+        cid = cc.default_allocator().id_for("test_the_guides_core_swap")
+        return pl.kernel(
+            body,
+            out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            mesh=pltpu.create_tensorcore_mesh("core"),
+            compiler_params=pltpu.CompilerParams(collective_id=cid),
+        )(x)
+
+    x = operand((4 * R, 2 * L), "float32")
+    with simulate(chip="v5p", devices=4, races=True) as sim:
+        got = on_devices(per_device, sim, x)
+    xs = np.asarray(x)
+    np.testing.assert_array_equal(got, np.concatenate([xs[:, L:], xs[:, :L]], axis=1) * 2)
+
+
+BLOCK_CASES = [
+    ("all_gather", "device"),
+    ("all_gather", "core"),
+    ("all_gather", "hier"),
+    ("reduce_scatter", "device"),
+    ("reduce_scatter", "hier"),
+    ("all_reduce", "core"),
+    ("all_reduce", "hier"),
+    ("all_to_all", "device"),
+    ("all_to_all", "hier"),
+]
+
+
+def _shapes(op: str, n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    if op == "all_gather":
+        return (R, L), (n, R, L)
+    if op == "reduce_scatter":
+        return (n, R, L), (R, L)
+    return (n, R, L), (n, R, L)
+
+
+def _reference(op: str, kind: str, n: int) -> Callable[[Any], Any]:
+    name = AXES[kind]
+    if op == "all_gather":
+        return lambda v: lax.all_gather(v[0], name)[None]
+    if op == "reduce_scatter":
+        return lambda v: lax.psum_scatter(v[0], name)[None]
+    if op == "all_reduce":
+        return lambda v: lax.psum(v, name)
+    return lambda v: lax.all_to_all(v[0], name, 0, 0)[None]
+
+
+@pytest.mark.parametrize("allocate", ["scoped", "kernel"])
+@pytest.mark.parametrize(("op", "kind"), BLOCK_CASES, ids=["-".join(c) for c in BLOCK_CASES])
+def test_block_in_a_users_kernel(
+    op: str, kind: str, allocate: str, operand: F, lax_reference: F
+) -> None:
+    """Each core loads its operand into VMEM, scales it (the user's compute), runs the block
+    and stores its result: one participant per core (or per device for the device axis)."""
+    n = PARTICIPANTS[kind]
+    src_shape, dst_shape = _shapes(op, n)
+
+    def per_device(x: Any) -> Any:
+        chunk = {"all_gather": src_shape, "reduce_scatter": dst_shape}.get(op, src_shape[1:])
+        spec = blocks.scratch_for(op, resolve(AXES[kind]), chunk, x.dtype)
+
+        def body(x_hbm: Any, o_hbm: Any, src: Any, dst: Any, *scr: Any) -> None:
+            core = lax.axis_index("core")
+            pltpu.sync_copy(x_hbm.at[core], src)
+            src[...] = src[...] * 3
+            getattr(blocks, op)(
+                src,
+                dst,
+                axis=AXES[kind],
+                scratch=spec.bind(scr) if allocate == "kernel" else None,
+            )
+            pltpu.sync_copy(dst, o_hbm.at[core])
+
+        return tc.kernel(
+            body,
+            out_type=jax.ShapeDtypeStruct((CORES, *dst_shape), x.dtype),
+            scratch=[
+                pltpu.VMEM(src_shape, x.dtype),
+                pltpu.VMEM(dst_shape, x.dtype),
+                *(spec.types if allocate == "kernel" else []),
+            ],
+            collective_id="auto",
+            name=f"test_block_{op}_{kind}_{allocate}",
+        )(x)
+
+    x = operand((4 * CORES, *src_shape), "float32", seed=8)
+    with simulate(chip="v5p", devices=4, dma_execution_mode="on_wait", races=True) as sim:
+        got = on_devices(per_device, sim, x)
+    # jax.lax over participants: per core for the core axes; for the device axis each core is
+    # its own participant set (core c of every device), i.e. a (device, core) mesh reduced
+    # over "device" only.
+    ref_kind = "hier" if kind == "device" else kind
+    fn = _reference(op, kind, n)
+    want = lax_reference(lambda v: fn(v * 3), x, ref_kind, CORES)
+    np.testing.assert_array_equal(got.reshape(want.shape), want)
+
+
+def test_two_collectives_in_one_kernel(operand: F) -> None:
+    """An all-reduce over the cores of a device, then an all-gather over devices: one
+    handshake (the first block's), kernel-level scratch for the second."""
+
+    def per_device(x: Any) -> Any:
+        core_ax, dev_ax = resolve("core"), resolve("device")
+        ar = blocks.scratch_for("all_reduce", core_ax, (R, L), x.dtype).prefixed("ar.")
+        ag_spec = blocks.scratch_for("all_gather", dev_ax, (CORES, R, L), x.dtype)
+        spec = ar + ag_spec.prefixed("ag.")
+
+        def body(x_hbm: Any, o_hbm: Any, src: Any, red: Any, out: Any, *scr: Any) -> None:
+            s = spec.bind(scr)
+            # Both handshakes at once: the first block meets every peer of both collectives.
+            core = lax.axis_index("core")
+            pltpu.sync_copy(x_hbm, src)
+            blocks.barrier(("device", "core"))
+            blocks.all_reduce(src, red, axis="core", scratch=s.sub("ar."), handshake=False)
+            blocks.all_gather(red, out, axis="device", scratch=s.sub("ag."), handshake=False)
+
+            @pl.when(core == 0)
+            def _() -> None:
+                pltpu.sync_copy(out, o_hbm)
+
+        return tc.kernel(
+            body,
+            out_type=jax.ShapeDtypeStruct((4, CORES, R, L), x.dtype),
+            scratch=[pltpu.VMEM((CORES, R, L), x.dtype)] * 2
+            + [pltpu.VMEM((4, CORES, R, L), x.dtype), *spec.types],
+            collective_id="auto",
+            name="test_two_collectives",
+        )(x)
+
+    x = operand((4 * CORES, R, L), "float32", seed=9)
+    with simulate(chip="v5p", devices=4, dma_execution_mode="on_wait", races=True) as sim:
+        got = on_devices(per_device, sim, x)
+    # Both cores of a device load the same operand, so the all-reduce over cores doubles it;
+    # the all-gather then stacks every device's result on every device.
+    doubled = CORES * np.asarray(x).reshape(4, CORES, R, L)
+    np.testing.assert_array_equal(got.reshape(4, 4, CORES, R, L), np.stack([doubled] * 4))
+
+
+def test_blocks_refuse_what_cannot_work() -> None:
+    errors: list[Exception] = []
+
+    def per_device(x: Any) -> Any:
+        def body(x_hbm: Any, o_hbm: Any, src: Any, dst: Any, big: Any) -> None:
+            calls: list[Callable[[], None]] = [
+                lambda: blocks.all_gather(src, src, axis="device"),  # dst not (n, ...)
+                lambda: blocks.all_gather(src, o_hbm, axis="core"),  # HBM receiver, core axis
+                lambda: blocks.all_gather(src, big, axis="device", handshake=False),
+                lambda: blocks.ppermute(src, src, [(0, 1), (1, 1)], axis="core"),
+                lambda: blocks.all_gather(src, big, axis="chips"),
+                lambda: blocks.reduce_scatter(big, src, axis="device", op=BAD_OP),
+            ]
+            for call in calls:
+                try:
+                    call()
+                except cc.CoremeshError as e:
+                    errors.append(e)
+            pltpu.sync_copy(x_hbm, o_hbm)
+
+        return tc.kernel(
+            body,
+            out_type=jax.ShapeDtypeStruct((CORES, R, L), x.dtype),
+            scratch=[
+                pltpu.VMEM((R, L), x.dtype),
+                pltpu.VMEM((R, L), x.dtype),
+                pltpu.VMEM((4, R, L), x.dtype),
+            ],
+            name="test_refusals",
+        )(x)
+
+    x = jnp.zeros((4 * CORES, R, L), jnp.float32)
+    with simulate(chip="v5p", devices=4):
+        jax.jit(
+            jax.shard_map(
+                per_device,
+                mesh=resolve_mesh(),
+                in_specs=jax.P("device"),
+                out_specs=jax.P("device"),
+                check_vma=False,
+            )
+        ).trace(x)
+    kinds = [type(e).__name__ for e in errors]
+    assert kinds == [
+        "LayoutError",
+        "LayoutError",
+        "CoremeshError",
+        "LayoutError",
+        "MeshError",
+        "CoremeshError",
+    ], kinds
+    assert "must be given kernel-level scratch" in str(errors[2])
+    assert "not a permutation" in str(errors[3])
+
+
+def resolve_mesh() -> Any:
+    return cc.current_target().device_mesh("device")
