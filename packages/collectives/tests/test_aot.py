@@ -96,3 +96,18 @@ def test_moves_compile_for_narrow_dtypes(chip: str, dtype: str) -> None:
 def test_axes_are_what_the_chips_have() -> None:
     assert [target(c).cores_per_device for c in CHIPS] == [1, 2, 1, 1]
     assert AXES["hier"] == ("device", "core")
+
+
+def test_device_axis_programs_are_registered_and_compile() -> None:
+    from importlib.metadata import entry_points
+
+    from coremesh.collectives.programs import programs
+    from coremesh.testing.aot import compile_matrix
+
+    (ep,) = [e for e in entry_points(group="coremesh.programs") if e.name == "collectives"]
+    assert ep.load() is programs
+    progs = programs()
+    results = compile_matrix(progs, ["v5p"], devices=4)
+    failed = [f"{r.program}: {r.error}" for r in results if not r.ok]
+    assert not failed, "\n".join(failed)
+    assert len(results) == 8
