@@ -2,9 +2,10 @@
 
 1. the chip registry; 2. the guide's five programs on a simulated v5p slice (4 devices x 2
 TensorCores, both DMA modes, and 1 device), each checked against numpy; 3. the TensorCore and
-SparseCore ops on the simulator; 4. every program compiled by libtpu for every TPU generation; 5. a
-kernel that waits for a semaphore nobody signals, turned into an error instead of a hang. Exit
-status 1 if anything does not match its reference or does not compile where it should.
+SparseCore ops and the collectives on the simulator; 4. every program compiled by libtpu for
+every TPU generation; 5. a kernel that waits for a semaphore nobody signals, turned into an error
+instead of a hang. Exit status 1 if anything does not match its reference or does not compile
+where it should.
 """
 
 from __future__ import annotations
@@ -202,12 +203,60 @@ def _sparsecore_ops(log: _Log) -> None:
                 log.check(f"{label}: equals numpy", run)
 
 
+def _collectives(log: _Log) -> None:
+    try:
+        import coremesh.collectives as cl
+    except ImportError:
+        log.section("3c. coremesh.collectives (skipped: coremesh-collectives not installed)")
+        return
+    import numpy as np
+
+    from coremesh.testing.sim import simulate
+
+    log.section("3c. coremesh.collectives on a simulated v5p slice (4 devices x 2 TensorCores)")
+    rng = np.random.default_rng(2)
+    x = rng.integers(-8, 8, (4 * 256, 256)).astype(np.float32)  # 256 rows per device
+    shards = x.reshape(4, 256, 256)
+    cores = x.reshape(8, 128, 256)  # every core's share, in (device, core) order
+    with simulate("v5p", 4):
+        checks: list[tuple[str, Callable[[], Any], Any]] = [
+            (
+                "psum over 'device' (ring over ICI)",
+                lambda: cl.psum(x, "device"),
+                np.tile(shards.sum(0), (4, 1)),
+            ),
+            (
+                "psum over ('device', 'core') (hierarchical)",
+                lambda: cl.psum(x, ("device", "core"), algorithm="hierarchical"),
+                np.tile(cores.sum(0), (8, 1)),
+            ),
+            (
+                "all_gather over 'core' (the two TensorCores of each device)",
+                lambda: cl.all_gather(x, "core", tiled=True),
+                np.concatenate([np.tile(shards[d], (2, 1)) for d in range(4)]),
+            ),
+            (
+                "reduce_scatter(max) over 'device', bidirectional ring",
+                lambda: cl.reduce_scatter(
+                    x, "device", op="max", tiled=True, algorithm="bidirectional"
+                ),
+                shards.max(0),
+            ),
+        ]
+        for label, fn, want in checks:
+
+            def run(fn: Callable[[], Any] = fn, want: Any = want) -> None:
+                np.testing.assert_array_equal(np.asarray(fn()), want)
+
+            log.check(f"{label}: equals numpy", run)
+
+
 def _compile(log: _Log) -> None:
     from coremesh.testing import aot
     from coremesh.testing.guide import PROGRAMS
 
     programs: list[Any] = list(PROGRAMS.values())
-    for package in ("tensorcore", "sparsecore"):
+    for package in ("tensorcore", "sparsecore", "collectives"):
         try:
             module = importlib.import_module(f"coremesh.{package}.programs")
         except ImportError:
@@ -267,7 +316,15 @@ def main(out: TextIO = sys.stdout) -> int:
     log = _Log(out)
     t = time.perf_counter()
     log.line("coremesh demo: core-level Pallas TPU programs on this CPU, with a TPU's semantics")
-    for step in (_chips, _guide, _tensorcore_ops, _sparsecore_ops, _compile, _deadlock):
+    for step in (
+        _chips,
+        _guide,
+        _tensorcore_ops,
+        _sparsecore_ops,
+        _collectives,
+        _compile,
+        _deadlock,
+    ):
         step(log)
     verdict = "all checks passed" if not log.failures else f"{log.failures} check(s) FAILED"
     log.line(f"\ncoremesh demo: {verdict} in {time.perf_counter() - t:.0f} s")
