@@ -32,7 +32,41 @@ HOST_DEVICES = 16
 FIXTURE_DEADLINE_S = 10.0
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--coremesh-target",
+        choices=("sim", "hardware"),
+        default=None,
+        help="where simulate() runs kernels: the CPU simulator (default) or the local TPU",
+    )
+
+
+def _skip_other_slices() -> Any:
+    """On hardware, a test that asks for a slice this VM is not is a skip, with the reason."""
+    from coremesh.testing.hardware import NotOnThisHardwareError
+
+    try:
+        return (yield)
+    except NotOnThisHardwareError as e:
+        pytest.skip(str(e).splitlines()[0])
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup() -> Any:
+    return (yield from _skip_other_slices())
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call() -> Any:
+    return (yield from _skip_other_slices())
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    target = config.getoption("--coremesh-target", default=None)
+    if target is not None:
+        from coremesh.testing.hardware import ENV
+
+        os.environ[ENV] = target
     config.addinivalue_line(
         "markers",
         "sim(**kwargs): runs on the CPU simulator; keywords go to coremesh.testing.simulate",

@@ -1,4 +1,4 @@
-"""Compile-only tests use pytest's own ``pytester`` for the plugin tests."""
+"""The plugin tests (compile-only and simulator) run pytest inside pytest with ``pytester``."""
 
 from __future__ import annotations
 
