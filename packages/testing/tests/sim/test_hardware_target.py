@@ -64,3 +64,9 @@ def test_plugin_turns_another_slice_into_a_skip(pytester: pytest.Pytester) -> No
     )
     result = pytester.runpytest("--coremesh-target=hardware", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, skipped=1)
+
+
+def test_the_option_does_not_outlive_its_session(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    pytester.runpytest("--coremesh-target=hardware", "-p", "no:cacheprovider")
+    assert not hardware.hardware_requested()

@@ -33,9 +33,15 @@ pytestmark = pytest.mark.sim
 HANG_TIMEOUT = 45.0
 
 GUIDE_RUN = """
+import jax
 import numpy as np
 from coremesh.testing.guide import PROGRAMS
 from coremesh.testing.sim import simulate
+
+# One host device per simulated device, as stock interpret mode is run (simulate() would otherwise
+# ask for spare host devices, whose extra threads can hide the stock hang).
+jax.config.update("jax_num_cpu_devices", {devices})
+jax.devices()
 
 with simulate(chip="v5p", devices={devices}, disable_patches={disabled!r}, deadline=600) as sim:
     program = PROGRAMS[{name!r}]

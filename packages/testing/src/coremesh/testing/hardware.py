@@ -27,8 +27,22 @@ class NotOnThisHardwareError(CoremeshError):
     """The test asked for a slice this TPU VM is not."""
 
 
+#: Set by the pytest plugin for the length of one session (``--coremesh-target``); wins over ENV.
+_override: list[str] = []
+
+
 def hardware_requested() -> bool:
-    return os.environ.get(ENV, "sim").lower() == "hardware"
+    where = _override[-1] if _override else os.environ.get(ENV, "sim")
+    return where.lower() == "hardware"
+
+
+def push_target(where: str) -> None:
+    """Run ``simulate()`` on ``where`` ("sim" or "hardware") until :func:`pop_target`."""
+    _override.append(where)
+
+
+def pop_target() -> None:
+    _override.pop()
 
 
 class HardwareRun:

@@ -41,6 +41,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def _pop_target() -> None:
+    from coremesh.testing.hardware import pop_target
+
+    pop_target()
+
+
 def _skip_other_slices() -> Any:
     """On hardware, a test that asks for a slice this VM is not is a skip, with the reason."""
     from coremesh.testing.hardware import NotOnThisHardwareError
@@ -64,9 +70,10 @@ def pytest_runtest_call() -> Any:
 def pytest_configure(config: pytest.Config) -> None:
     target = config.getoption("--coremesh-target", default=None)
     if target is not None:
-        from coremesh.testing.hardware import ENV
+        from coremesh.testing.hardware import push_target
 
-        os.environ[ENV] = target
+        push_target(target)
+        config.add_cleanup(_pop_target)
     config.addinivalue_line(
         "markers",
         "sim(**kwargs): runs on the CPU simulator; keywords go to coremesh.testing.simulate",
