@@ -46,6 +46,7 @@ CASES = [
 
 WORKER = """
 import json, time
+import jax
 import numpy as np
 from coremesh.testing.guide import PROGRAMS
 from coremesh.testing.sim import PATCH_NAMES, simulate
@@ -53,6 +54,11 @@ from coremesh.testing.sim import PATCH_NAMES, simulate
 mode, name, devices, reps, chip = {mode!r}, {name!r}, {devices}, {reps}, {chip!r}
 kept = {kept!r}
 disabled = [] if mode == "coremesh" else [p for p in PATCH_NAMES if p not in kept]
+if mode == "stock":
+    # Stock interpret mode as it is run: one host CPU device per simulated TPU device.
+    # (simulate() itself asks for spare host devices, whose threads can hide the stock hang.)
+    jax.config.update("jax_num_cpu_devices", devices)
+    jax.devices()
 
 def report(**kw):
     print("BENCH " + json.dumps(kw), flush=True)
