@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from coremesh.core.chips import Chip, get_chip
@@ -38,6 +38,14 @@ class Target(Protocol):
         """A one-axis ``jax.sharding.Mesh`` over the target's devices, with ``Auto`` axis type
         so ``shard_map`` over it reshards whatever arrays it is given."""
         ...
+
+
+def auto_mesh(devices: Sequence[Any], axis_name: str = "device") -> Any:
+    """The one-axis ``Auto`` mesh every target's ``device_mesh()`` returns, over ``devices``."""
+    import numpy as np
+    from jax.sharding import AxisType, Mesh
+
+    return Mesh(np.array(devices), (axis_name,), axis_types=(AxisType.Auto,))
 
 
 _current: contextvars.ContextVar[Target | None] = contextvars.ContextVar(
@@ -81,12 +89,7 @@ class HardwareTarget:
     def device_mesh(self, axis_name: str = "device") -> Any:
         import jax
 
-        return jax.make_mesh(
-            (self._n,),
-            (axis_name,),
-            devices=jax.devices("tpu")[: self._n],
-            axis_types=(jax.sharding.AxisType.Auto,),
-        )
+        return auto_mesh(jax.devices("tpu")[: self._n], axis_name)
 
     @classmethod
     def detect(cls) -> HardwareTarget | None:

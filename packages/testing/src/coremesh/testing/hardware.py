@@ -18,7 +18,7 @@ from typing import Any
 
 from coremesh.core.chips import Chip, get_chip
 from coremesh.core.errors import CoremeshError
-from coremesh.core.targets import HardwareTarget, using_target
+from coremesh.core.targets import HardwareTarget
 
 ENV = "COREMESH_TARGET"
 
@@ -45,10 +45,8 @@ def pop_target() -> None:
     _override.pop()
 
 
-class HardwareRun:
+class HardwareRun(HardwareTarget):
     """The local TPU devices behind the simulator's API (``mesh``, ``device_mesh``, ``run``)."""
-
-    name = "hardware"
 
     def __init__(self, chip: str | Chip, devices: int, cores_per_device: int | None = None) -> None:
         want = get_chip(chip)
@@ -69,58 +67,34 @@ class HardwareRun:
                 chip=found.chip.name,
                 fix="run it on a matching TPU VM, or on the simulator",
             )
-        self._chip, self._n, self._cores = found.chip, devices, found.cores_per_device
-        self._stack: list[contextlib.ExitStack] = []
-
-    @property
-    def chip(self) -> Chip:
-        return self._chip
-
-    @property
-    def num_devices(self) -> int:
-        return self._n
-
-    @property
-    def cores_per_device(self) -> int:
-        return self._cores
+        super().__init__(found.chip, devices, found.cores_per_device)
+        self._entered: list[contextlib.AbstractContextManager[object]] = []
 
     @property
     def devices(self) -> tuple[Any, ...]:
         import jax
 
-        return tuple(jax.devices("tpu")[: self._n])
+        return tuple(jax.devices("tpu")[: self.num_devices])
 
     @property
     def race_reports(self) -> tuple[str, ...]:
         return ()  # hardware has no race detector
 
     def mesh(self, axis_name: str = "device") -> Any:
+        """Like the simulator's: an ``Explicit`` mesh, as ``jax.make_mesh`` makes it."""
         import jax
 
-        return jax.make_mesh((self._n,), (axis_name,), devices=self.devices)
-
-    def device_mesh(self, axis_name: str = "device") -> Any:
-        import jax
-
-        return jax.make_mesh(
-            (self._n,),
-            (axis_name,),
-            devices=self.devices,
-            axis_types=(jax.sharding.AxisType.Auto,),
-        )
+        return jax.make_mesh((self.num_devices,), (axis_name,), devices=self.devices)
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         import jax
 
         return jax.block_until_ready(fn(*args, **kwargs))
 
-    def activate(self) -> contextlib.AbstractContextManager[object]:
-        return using_target(self)
-
     def __enter__(self) -> HardwareRun:
-        stack = contextlib.ExitStack()
-        stack.enter_context(using_target(self))
-        self._stack.append(stack)
+        ctx = self.activate()
+        ctx.__enter__()
+        self._entered.append(ctx)
         return self
 
     def __exit__(
@@ -129,7 +103,7 @@ class HardwareRun:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._stack.pop().close()
+        self._entered.pop().__exit__(exc_type, exc, tb)
 
     def __repr__(self) -> str:
-        return f"HardwareRun({self._chip.name}, devices={self._n}, cores={self._cores})"
+        return f"HardwareRun({self.chip.name}, devices={self.num_devices})"

@@ -20,7 +20,7 @@ from typing import Any
 
 from coremesh.core.chips import Chip, get_chip
 from coremesh.core.errors import MeshError
-from coremesh.core.targets import using_target
+from coremesh.core.targets import auto_mesh, using_target
 from coremesh.testing.aot import _env
 
 #: Device mesh axis every compile-only program is sharded over.
@@ -264,10 +264,7 @@ class CompileTarget:
         """A one-axis ``Auto`` mesh over the slice's compile-only devices."""
         if axis_name == DEVICE_AXIS and self._mesh is not None:
             return self._mesh
-        import numpy as np
-        from jax.sharding import AxisType, Mesh
-
-        return Mesh(np.array(self.devices), (axis_name,), axis_types=(AxisType.Auto,))
+        return auto_mesh(self.devices, axis_name)
 
     @contextlib.contextmanager
     def _active(self) -> Iterator[CompileTarget]:

@@ -23,7 +23,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from coremesh.core.chips import Chip, get_chip
 from coremesh.core.errors import CoremeshError, MeshError
-from coremesh.core.targets import using_target
+from coremesh.core.targets import auto_mesh, using_target
 from coremesh.testing.sim import patches
 from coremesh.testing.sim.deadlock import DEFAULT_DEADLINE_S, WATCHDOG
 from coremesh.testing.sim.devices import configure_host_devices, cpu_devices
@@ -204,12 +204,7 @@ class Simulator:
     def device_mesh(self, axis_name: str = "device") -> jax.sharding.Mesh:
         """The Target protocol's mesh: the same devices with an ``Auto`` axis, so
         ``shard_map`` over it reshards whatever arrays it is given."""
-        return jax.make_mesh(
-            (self._n,),
-            (axis_name,),
-            devices=self.devices,
-            axis_types=(jax.sharding.AxisType.Auto,),
-        )
+        return auto_mesh(self.devices, axis_name)
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call ``fn``, wait for its result and fail on races; the result is a jax value."""
