@@ -1,0 +1,51 @@
+"""reduce's enlarged blocks: what they grow to per chip, and results with them on the simulator."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import coremesh.core as cc
+import coremesh.tensorcore as tc
+from coremesh.tensorcore.blocks import choose_block
+from coremesh.tensorcore.ops.reduce import _grow_rows
+from coremesh.testing import simulate
+
+
+@pytest.mark.parametrize(
+    ("chip", "axis", "rows"),
+    [
+        ("v5e", 0, 1024),
+        ("v5e", 1, 1024),
+        ("v5p", 0, 1024),  # 2 cores: two 4 MiB blocks each
+        ("v5p", 1, 1024),
+        ("v6e", 0, 2048),
+        ("TPU7x", 0, 256),  # larger blocks cost more there: choose_block's are kept
+        ("TPU7x", 1, 256),
+    ],
+)
+def test_blocks_grow_to_a_quarter_of_scoped_vmem(chip: str, axis: int, rows: int) -> None:
+    c = cc.get_chip(chip)
+    cores = c.default_cores_per_device
+    br, bc = choose_block(
+        4096, 1024, jnp.float32, chip=c, operands=2, cores=cores, row_align=128 if axis else 1
+    )
+    grown = _grow_rows(br, bc, 4096, 4, cores, c)
+    assert grown == rows
+    assert (4096 // cores) % grown == 0 and grown % br == 0
+    assert 2 * grown * bc * 4 <= c.scoped_vmem_default_bytes // 2
+
+
+def test_blocks_keep_rows_that_do_not_split() -> None:
+    assert _grow_rows(96, 640, 96, 4, 2, cc.get_chip("v5p")) == 96
+
+
+@pytest.mark.parametrize(("op", "axis"), [("sum", 0), ("max", 1), ("min", 0)])
+def test_reduce_with_grown_blocks_and_the_core_exchange(op: str, axis: int) -> None:
+    # 8 MiB on one v5p device: each core folds one grown 4 MiB block, then they exchange.
+    x = (np.random.default_rng(4).integers(-64, 64, (2048, 1024)) / 4).astype(np.float32)
+    with simulate("v5p", 1, deadline=60.0):
+        out = jax.jit(lambda a: tc.reduce(a, axis, op))(jnp.asarray(x))  # type: ignore[arg-type]
+    np.testing.assert_array_equal(np.asarray(out), getattr(x, op)(axis))
