@@ -1,8 +1,9 @@
 """``gather_blocks``: blocks of rows chosen by a scalar-prefetched index vector.
 
-The core_map guide's dynamic block index pattern: the indices are copied into SMEM before the
-pipeline starts and the input's index map reads them, so each step DMAs exactly the block it
-needs. Output blocks are split across cores (PARALLEL on the index axis).
+The core_map guide's dynamic block index pattern: the indices are copied into SMEM first and each
+block's DMA takes its source row from them. Nothing is computed on the rows, so every block is
+copied HBM to HBM, skipping VMEM. Each core takes a contiguous share of the output blocks
+(``core_share``) and keeps a window of block DMAs in flight on a ring of DMA semaphores.
 """
 
 from __future__ import annotations
@@ -16,21 +17,16 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
-from coremesh.core import (
-    CostEstimate,
-    LayoutError,
-    Parallel,
-    check_fits,
-    current_target,
-    tile_shape,
-)
+from coremesh.core import CostEstimate, LayoutError, check_fits, current_target, tile_shape
 from coremesh.core.sharding import device_shards, on_devices
-from coremesh.tensorcore.blocks import choose_block
 from coremesh.tensorcore.kernel import kernel
 from coremesh.tensorcore.mesh import TensorCoreMesh
 from coremesh.tensorcore.mesh import mesh as target_mesh
-from coremesh.tensorcore.pipeline import pipeline
+from coremesh.tensorcore.pipeline import core_share
 from coremesh.tensorcore.validate import check_2d, check_tiled
+
+#: Block DMAs a core keeps in flight: enough to hide a DMA's latency behind issuing the next ones.
+IN_FLIGHT = 64
 
 
 def gather_blocks(
@@ -90,37 +86,84 @@ def gather_blocks(
                 chip=chip.name,
                 fix="fix the indices; an out-of-range block index would read another block",
             )
-    _, bc = choose_block(br, cols, x.dtype, chip=chip, operands=2)
-
-    def body(idx_hbm: Any, x_hbm: Any, o_hbm: Any, idx_smem: Any) -> None:
-        pltpu.sync_copy(idx_hbm, idx_smem)
-
-        def copy_block(x_ref: Any, o_ref: Any) -> None:
-            o_ref[...] = x_ref[...]
-
-        pipeline(
-            copy_block,
-            grid=(local_n, cols // bc),
-            in_specs=[pl.BlockSpec((br, bc), lambda i, j: (idx_smem[i], j))],
-            out_specs=[pl.BlockSpec((br, bc), lambda i, j: (i, j))],
-            split=Parallel("core", 0),
-        )(x_hbm, o_hbm)
-
     moved = local_n * br * cols * x.dtype.itemsize
     cost = CostEstimate(flops=0, bytes_accessed=2 * moved + local_n * 4)
+    window = max(1, min(IN_FLIGHT, local_n // core_mesh.cores))
+    body = _body(nblocks, br, local_n, window, core_mesh)
 
     def per_device(idx_local: jax.Array, x_full: jax.Array) -> jax.Array:
-        clipped = jnp.clip(idx_local.astype(jnp.int32), 0, nblocks - 1)
+        # int32 indices reach the kernel untouched (it clamps them itself): clamping here makes an
+        # XLA fusion whose output may be placed in VMEM, and libtpu's static profiler rejects the
+        # VMEM->SMEM DMA that then fetches it ("Unsupported DMA direction" on v5e).
+        if idx_local.dtype != jnp.int32:
+            idx_local = jnp.clip(idx_local, 0, nblocks - 1).astype(jnp.int32)
         kern = kernel(
             body,
             mesh=core_mesh,
             out_type=jax.ShapeDtypeStruct((local_n * br, cols), x.dtype),
-            scratch=[pltpu.SMEM((local_n,), jnp.int32)],
+            scratch=[pltpu.SMEM((local_n,), jnp.int32), pltpu.SemaphoreType.DMA((window,))],
             name="coremesh_gather_blocks",
             cost_estimate=cost,
         )
-        return kern(clipped, x_full)
+        return kern(idx_local, x_full)
 
     return on_devices(
         per_device, in_specs=(P("device"), P(None, None)), out_specs=P("device", None)
     )(indices, x)
+
+
+def _body(nblocks: int, br: int, local_n: int, window: int, core_mesh: TensorCoreMesh) -> Any:
+    """Kernel body: this core's share of blocks with ``window`` DMAs in flight, one slot each.
+
+    Slot ``s`` carries blocks ``s, s + window, ...`` of the share, so each start first waits for
+    the block ``window`` before it. Every wait names its slot with a Python int: libtpu's static
+    profiler aborts on TPU7x ("No DMA issue node found for sync flag") when a loop waits on a slot
+    computed from the loop index.
+    """
+    per = local_n // core_mesh.cores  # every core's static share; the first few get one more
+
+    def body(idx_hbm: Any, x_hbm: Any, o_hbm: Any, idx_smem: Any, sems: Any) -> None:
+        pltpu.sync_copy(idx_hbm, idx_smem)
+        core = jax.lax.axis_index(core_mesh.axis_name)
+        start, size = core_share(local_n, core, core_mesh.cores)
+
+        def block(i: Any, slot: int) -> Any:
+            src = jnp.minimum(jnp.maximum(idx_smem[i], 0), nblocks - 1)  # jnp.take's "clip"
+            return pltpu.make_async_copy(
+                x_hbm.at[pl.ds(pl.multiple_of(src * br, br), br)],
+                o_hbm.at[pl.ds(pl.multiple_of(i * br, br), br)],
+                sems.at[slot],
+            )
+
+        def wait(slot: int) -> None:  # a wait needs only the slot and the block's size
+            pltpu.make_async_copy(
+                x_hbm.at[pl.ds(0, br)], o_hbm.at[pl.ds(0, br)], sems.at[slot]
+            ).wait()
+
+        live = min(window, per)
+        for s in range(live):
+            block(start + s, s).start()
+        rounds, tail = divmod(per - live, window)
+
+        def one_round(r: Any, carry: int) -> int:
+            first = start + live + r * window
+            for s in range(window):
+                wait(s)
+                block(first + s, s).start()
+            return carry
+
+        if rounds:
+            jax.lax.fori_loop(0, rounds, one_round, 0)
+        for s in range(tail):
+            wait(s)
+            block(start + per - tail + s, s).start()
+        for s in range(live):
+            wait(s)
+
+        @pl.when(size > per)
+        def _extra() -> None:  # local_n % cores leaves one more block on the first cores
+            last = block(start + per, 0)
+            last.start()
+            last.wait()
+
+    return body
