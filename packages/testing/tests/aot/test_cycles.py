@@ -15,10 +15,16 @@ from coremesh.core.chips import CHIPS
 from coremesh.testing.aot import CycleEstimate, ProgramError, cycles_table, profile, to_json
 from coremesh.testing.aot import samples as kp
 from coremesh.testing.aot.cycles import (
+    MEMORY_CAP_ENV,
+    OpCycles,
+    group_rss_bytes,
+    memory_cap,
+    parse_size,
     parse_sparsecore_bundles,
     parse_static_profile,
     parse_tensorcore_bundles,
 )
+from coremesh.testing.aot.roofline import Work, roofline_for
 from coremesh.testing.guide import PROGRAMS as GUIDE
 
 ESTIMATED = ("v5e", "v5p", "v6e", "TPU7x")
@@ -237,3 +243,124 @@ def test_parsers_read_libtpus_dump_formats(tmp_path: Any) -> None:
         "scs\nmain:\n0x0: {  s1 = sld  }\n0x1: {  _ = snop  }\ntec\nexec:\n0x0: {  v0 = vld  }\n"
     )
     assert parse_sparsecore_bundles(str(scb)) == {"scs": 2, "tec": 1}
+
+
+def _estimate(status: Any, partial: bool = False) -> CycleEstimate:
+    ops = (OpCycles("k.1", "mosaic", 700, 40), OpCycles("fusion.2", "xla", 17, 5))
+    return CycleEstimate(
+        program="p",
+        variant="kernel",
+        chip="v5p",
+        topology="v5p:2x2x1",
+        mode="device",
+        num_devices=4,
+        cores_per_device=2,
+        status=status,
+        ops=ops,
+        roofline=roofline_for(Work(2**20), "v5p"),
+        partial=partial,
+    )
+
+
+def test_ops_of_a_program_that_died_midway_are_kept_but_not_summed() -> None:
+    ok = _estimate("ok")
+    assert (ok.cycles, ok.kernel_cycles, ok.bundles) == (717, 700, 45)
+    assert ok.seconds is not None and ok.ratio is not None
+    for status in ("aborted", "timeout", "no_estimate"):
+        r = _estimate(status, partial=True)
+        assert (r.cycles, r.kernel_cycles, r.seconds, r.ratio) == (None, None, None, None)
+        doc = r.to_json()
+        assert doc["cycles"] is None and doc["kernel_cycles"] is None and doc["partial"] is True
+        assert [o["cycles"] for o in doc["ops"]] == [700, 17]
+    # Code generation may have stopped midway too; after a static-profile abort it had finished.
+    assert _estimate("aborted", partial=True).bundles is None
+    assert _estimate("timeout", partial=True).bundles is None
+    assert _estimate("no_estimate", partial=True).bundles == 45
+
+
+def test_memory_cap_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse_size("8G") == 8 * 2**30 and parse_size("512MiB") == 512 * 2**20
+    assert parse_size("1.5k") == 1536 and parse_size(" 1000000 ") == 10**6
+    with pytest.raises(ValueError, match=MEMORY_CAP_ENV):
+        parse_size("lots")
+    monkeypatch.setenv(MEMORY_CAP_ENV, "3G")
+    assert memory_cap() == 3 * 2**30
+    assert memory_cap(12345) == 12345
+    assert memory_cap(0) is None
+    monkeypatch.setenv(MEMORY_CAP_ENV, "0")
+    assert memory_cap() is None
+    monkeypatch.delenv(MEMORY_CAP_ENV)
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert memory_cap() == physical // 2
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads Linux's /proc")
+def test_group_rss_counts_the_childs_resident_memory() -> None:
+    hog = "b = b'x' * (200 << 20); print('ready', flush=True); import sys; sys.stdin.read()"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", hog],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        rss = group_rss_bytes(proc.pid)
+        assert rss is not None and 200 << 20 < rss < 400 << 20
+    finally:
+        proc.kill()
+        proc.wait()
+    assert group_rss_bytes(proc.pid) is None
+
+
+HOG_MODULE = textwrap.dedent(
+    """
+    import time
+    from coremesh.testing.aot import samples
+
+    class Hog:
+        name = "hog"
+        def build(self, mesh):
+            held = []
+            for _ in range(40):  # up to 4 GB, 100 MB every 0.1 s: the cap stops it first
+                held.append(b"x" * (100 << 20))
+                time.sleep(0.1)
+            time.sleep(120)
+        def arg_specs(self, n):
+            return samples.ADD_ONE.arg_specs(n)
+        def in_specs(self):
+            return samples.ADD_ONE.in_specs()
+
+    PROGRAMS = [Hog(), samples.ADD_ONE]
+    """
+)
+
+
+def test_a_child_over_the_memory_cap_is_killed_and_the_rest_still_runs(tmp_path: Any) -> None:
+    module = tmp_path / "hog_programs.py"
+    module.write_text(HOG_MODULE)
+    seen: list[tuple[str, Any]] = []
+    results = profile(
+        [f"{module}:PROGRAMS"],
+        ["v6e"],
+        include_xla=False,
+        timeout_s=60,
+        memory_cap_bytes=1 << 30,
+        progress=lambda p: seen.append((p.program, p.result)),
+    )
+    by_name = {r.program: r for r in results}
+    hog = by_name["hog"]
+    assert hog.status == "aborted" and hog.cycles is None
+    assert "over the memory cap of 1.0 GiB" in str(hog.note)
+    assert "memory_cap_bytes" in str(hog.note) and MEMORY_CAP_ENV in str(hog.note)
+    assert by_name[kp.ADD_ONE.name].status == "ok"
+    assert ("hog", "aborted") in seen and (kp.ADD_ONE.name, "ok") in seen
+
+
+def test_a_cap_below_start_up_aborts_every_program() -> None:
+    results = profile(
+        ["coremesh.testing.aot.guide:PROGRAMS[add_one]"], ["v5e"], memory_cap_bytes=1 << 20
+    )
+    assert [r.status for r in results] == ["aborted", "aborted"]
+    assert all("over the memory cap of 1.0 MiB" in str(r.note) for r in results)

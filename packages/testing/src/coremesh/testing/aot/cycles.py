@@ -8,7 +8,14 @@ child processes, one per chip, that rebuild each program from its reference, com
 the dump directory (cleared between programs, because files are named after HLO instructions such
 as ``shard_map.12``). A child that aborts loses only the program it was compiling: the parent
 records the abort, reads the bundle counts the compiler had already written, and starts a new
-child for the rest (after two profile aborts on one chip, without the static profile).
+child for the rest (after two profile aborts on one chip, without the static profile). The ops
+dumped before such a death are kept for diagnosis but never summed into an estimate.
+
+libtpu's static profiler can also need more memory than the machine has (~24 GB on one XLA gather
+for TPU7x), and the kernel's OOM killer may then pick another process. So the parent polls the
+child's resident memory and kills it above a cap (half the machine's memory by default, per child;
+``memory_cap_bytes`` or ``COREMESH_PROFILE_MEMORY_CAP``), which counts as an abort of the program
+it was compiling.
 
 Where there is no estimate (v4; SparseCore programs, which the profile does not cover) the result
 says so and carries the bundle counts libtpu does dump: scheduled TensorCore bundles per operation
@@ -58,6 +65,9 @@ CycleStatus = Literal[
 _MARK = "@@coremesh-aot@@ "
 #: A chip whose static profile aborted this many times is profiled without it for the rest.
 _ABORTS_BEFORE_BUNDLES_ONLY = 2
+#: Seconds between two reads of the child's resident memory.
+_MEMORY_POLL_S = 1.0
+MEMORY_CAP_ENV = "COREMESH_PROFILE_MEMORY_CAP"
 
 
 def libtpu_flags(dump_dir: str, *, static_profile: bool = True) -> str:
@@ -189,23 +199,32 @@ class CycleEstimate:
     roofline: Roofline | None = None
     compile_seconds: float = 0.0
     error: Mapping[str, Any] | None = None
+    #: ``ops`` were read from the dump after the child died mid-program: only those it got to.
+    partial: bool = False
 
     @property
     def cycles(self) -> int | None:
-        """Sum of the estimated cycles of the program's TensorCore operations."""
+        """Sum of the estimated cycles of the program's TensorCore operations.
+
+        None unless the status is "ok": after an abort or timeout ``ops`` holds only the
+        operations profiled before it, whose sum would pass for a (far too low) estimate.
+        """
         known = [o.cycles for o in self.ops if o.cycles is not None]
-        return sum(known) if known else None
+        return sum(known) if known and self.status == "ok" else None
 
     @property
     def kernel_cycles(self) -> int | None:
-        """Sum over the Pallas kernels only (None when the program has none with an estimate)."""
+        """Sum over the Pallas kernels only (None when the program has none with an estimate,
+        or the status is not "ok")."""
         known = [o.cycles for o in self.ops if o.kind == "mosaic" and o.cycles is not None]
-        return sum(known) if known else None
+        return sum(known) if known and self.status == "ok" else None
 
     @property
     def bundles(self) -> int | None:
+        """Scheduled TensorCore bundles. None after an abort or timeout, which can stop code
+        generation midway; kept for "no_estimate" (libtpu profiles after scheduling)."""
         known = [o.bundles for o in self.ops if o.bundles is not None]
-        return sum(known) if known else None
+        return sum(known) if known and self.status not in ("aborted", "timeout") else None
 
     @property
     def seconds(self) -> float | None:
@@ -239,6 +258,7 @@ class CycleEstimate:
             "note": self.note,
             "compile_seconds": round(self.compile_seconds, 4),
             "error": dict(self.error) if self.error else None,
+            "partial": self.partial,
         }
 
 
@@ -263,6 +283,7 @@ def profile(
     timeout_s: float = 180.0,
     jobs: int = 1,
     progress: ProgressFn | None = None,
+    memory_cap_bytes: int | None = None,
 ) -> list[CycleEstimate]:
     """Static cycle estimates for ``programs`` on ``chips``, with roofline bounds.
 
@@ -270,9 +291,12 @@ def profile(
     entries of module-level mappings) or reference strings (``"package.module:NAME"``,
     ``"path/to/file.py:NAME[key]"``). With ``include_xla``, a program's ``xla_reference`` is
     estimated too. One child process per chip (``jobs`` at a time); ``timeout_s`` bounds each
-    program's compile.
+    program's compile. A child whose resident memory exceeds ``memory_cap_bytes`` (default:
+    ``COREMESH_PROFILE_MEMORY_CAP``, e.g. ``"16G"``, else half the machine's memory; 0 for no cap)
+    is killed and its program reported "aborted".
     """
     items = _items(programs, include_xla)
+    cap = memory_cap(memory_cap_bytes)
     chip_list = [get_chip(c) for c in chips]
     total = len(items) * len(chip_list)
     done = [0]
@@ -295,6 +319,7 @@ def profile(
             items=items,
             timeout_s=timeout_s,
             report=report,
+            memory_cap=cap,
         ).run()
         return [_finish(item, r, spec) for item, r in zip(items, raw, strict=True)]
 
@@ -356,6 +381,7 @@ def _finish(item: _Item, raw: Mapping[str, Any], spec: Any) -> CycleEstimate:
         roofline=roof,
         compile_seconds=float(raw.get("compile_seconds") or 0.0),
         error=raw.get("error"),
+        partial=bool(raw.get("partial")),
     )
 
 
@@ -390,9 +416,11 @@ class _ChipRun:
         items: Sequence[_Item],
         timeout_s: float,
         report: ProgressFn,
+        memory_cap: int | None = None,
     ) -> None:
         self.chip, self.devices, self.cores = chip, devices, cores_per_device
         self.items, self.timeout_s, self.report = items, timeout_s, report
+        self.memory_cap = memory_cap
         self.aborts = 0
 
     def run(self) -> list[dict[str, Any]]:
@@ -443,15 +471,26 @@ class _ChipRun:
             reader = threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True)
             reader.start()
             current: int | None = None
+            finished = 0  # programs this child reported
             deadline = time.monotonic() + self.timeout_s + 60.0  # start-up allowance
+            next_poll = time.monotonic() if self.memory_cap else float("inf")
             timed_out = False
+            rss: int | None = None  # set when the child went over the memory cap
             try:
                 while True:
+                    now = time.monotonic()
+                    if now >= next_poll:
+                        next_poll = now + _MEMORY_POLL_S
+                        rss = _over_cap(proc.pid, self.memory_cap)
+                        if rss is not None:
+                            break
                     try:
-                        line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+                        line = lines.get(timeout=max(0.05, min(deadline, next_poll) - now))
                     except queue.Empty:
-                        timed_out = True
-                        break
+                        if time.monotonic() >= deadline:
+                            timed_out = True
+                            break
+                        continue
                     if line is None:
                         break
                     try:
@@ -468,17 +507,30 @@ class _ChipRun:
                     else:
                         results[index] = msg["result"]
                         current = None
+                        finished += 1
                         status = msg["result"]["status"]
                         self.report(Progress("profile", 0, 0, label, self.chip.name, status))
             except BaseException:  # interrupted: leave no child behind
                 _kill(proc)
                 raise
-            if timed_out:
+            if timed_out or rss is not None:
                 _kill(proc)
             rc = proc.wait()
             reader.join(timeout=5)
             err.seek(0)
             stderr = err.read()
+        if rss is not None and current is None:
+            if finished:
+                return  # between programs: the rest go to a fresh child
+            # Over the cap before any program began: a new child would be too.
+            note = _memory_note(rss, self.memory_cap) + " (while starting up)"
+            for i in indices:
+                item = self.items[i]
+                results[i] = {"program": item.name, "status": "aborted", "note": note, "ops": []}
+                self.report(
+                    Progress("profile", 0, 0, item.name + _suffix(item), self.chip.name, "aborted")
+                )
+            return
         if current is None:
             # Between programs: every item reported, or the child died before the next began.
             for i in indices:
@@ -487,7 +539,9 @@ class _ChipRun:
             return
         item = self.items[current]
         ops, sc = read_dump(dump)
-        if timed_out:
+        if rss is not None:
+            status, note = "aborted", _memory_note(rss, self.memory_cap)
+        elif timed_out:
             status = "timeout"
             note = f"no result within {self.timeout_s:.0f} s; the child was killed"
         else:
@@ -505,8 +559,76 @@ class _ChipRun:
             "note": note,
             "ops": [dataclasses.asdict(o) for o in ops],
             "sparsecore_bundles": sc,
+            "partial": True,
         }
         self.report(Progress("profile", 0, 0, item.name + _suffix(item), self.chip.name, status))
+
+
+# --------------------------------------------------------------------------- memory cap
+
+_SIZE = re.compile(r"^\s*(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>[kmgt]?)(?:i?b)?\s*$", re.I)
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``"8G"``, ``"512MiB"``, ``"1.5g"`` or ``"1000000"`` (binary units)."""
+    m = _SIZE.match(text)
+    if m is None:
+        raise ValueError(f"{MEMORY_CAP_ENV}: not a size: {text!r} (e.g. 8G, 512M, 1000000)")
+    return int(float(m["n"]) * 1024 ** "_kmgt".index((m["unit"] or "_").lower()))
+
+
+def memory_cap(value: int | None = None) -> int | None:
+    """The cap on a child's resident bytes: ``value``, else the env var, else half of physical
+    memory (None, no cap, for 0 or where physical memory is unknown)."""
+    if value is None:
+        env = os.environ.get(MEMORY_CAP_ENV, "").strip()
+        if env:
+            value = parse_size(env)
+        else:
+            with contextlib.suppress(ValueError, OSError, AttributeError):
+                value = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    return value if value and value > 0 else None
+
+
+def group_rss_bytes(pgid: int) -> int | None:
+    """Resident bytes of process group ``pgid`` (a child started in its own session and anything
+    it started), from Linux's ``/proc``; None elsewhere or once the group is gone."""
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+        page = os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+    total, found = 0, False
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                # Fields after the parenthesised command: state ppid pgrp ... rss (24th overall).
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if int(fields[2]) == pgid:
+                total, found = total + int(fields[21]) * page, True
+        except (OSError, IndexError, ValueError):
+            continue  # exited meanwhile
+    return total if found else None
+
+
+def _over_cap(pgid: int, cap: int | None) -> int | None:
+    """The group's resident bytes if above ``cap``, else None."""
+    rss = group_rss_bytes(pgid)
+    return rss if rss is not None and cap is not None and rss > cap else None
+
+
+def _size(n: int | None) -> str:
+    n = n or 0
+    return f"{n / 1024**3:.1f} GiB" if n >= 1024**3 else f"{n / 1024**2:.1f} MiB"
+
+
+def _memory_note(rss: int | None, cap: int | None) -> str:
+    return (
+        f"the profiling process used {_size(rss)}, over the memory cap of {_size(cap)}, "
+        "and was killed; raise the cap with "
+        f"profile(memory_cap_bytes=...) or {MEMORY_CAP_ENV}=<bytes, e.g. 32G> if the machine "
+        "has the memory"
+    )
 
 
 def _suffix(item: _Item) -> str:
