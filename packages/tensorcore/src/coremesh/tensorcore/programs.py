@@ -11,7 +11,7 @@ from typing import Any
 
 
 def programs() -> list[Any]:
-    """One small-shape program per op, its arguments sharded over the device axis."""
+    """Small-shape programs for every op (and both matmul plans), sharded over the device axis."""
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
 
@@ -43,6 +43,16 @@ def programs() -> list[Any]:
             matmul,
             lambda n: [Arg((256 * n, 512), bf16, rows), Arg((512, 384), bf16)],
             name="tensorcore.matmul",
+        ),
+        jitted_program(  # b (8 MiB) resident: raises the scoped VMEM limit on v4, v5e and v5p
+            matmul,
+            lambda n: [Arg((1024 * n, 2048), bf16, rows), Arg((2048, 2048), bf16)],
+            name="tensorcore.matmul_resident_large",
+        ),
+        jitted_program(
+            lambda a, b: matmul(a, b, blocks=(64, 256, 128)),
+            lambda n: [Arg((256 * n, 512), bf16, rows), Arg((512, 384), bf16)],
+            name="tensorcore.matmul_blocked",
         ),
         jitted_program(
             gather_blocks,

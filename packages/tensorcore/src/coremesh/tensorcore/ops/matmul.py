@@ -1,4 +1,10 @@
-"""``matmul``: blocked MXU matmul with f32 accumulation, output rows split across cores."""
+"""``matmul``: MXU matmul with f32 accumulation, output rows split across cores.
+
+Two plans. When ``b`` fits in VMEM it is loaded once (several DMAs at once, overlapping the
+first row fetch) and rows of ``a`` and of the result stream through a pipeline in sub-blocks,
+each step contracting all of K: every operand crosses HBM once. Otherwise a blocked (M, N, K)
+pipeline accumulates over K in float32.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +16,16 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
-from coremesh.core import CostEstimate, LayoutError, Parallel, check_matmul_dtypes, current_target
+from coremesh.core import (
+    CostEstimate,
+    LayoutError,
+    Manual,
+    Parallel,
+    check_matmul_dtypes,
+    current_target,
+)
 from coremesh.core.sharding import device_shards, on_devices
-from coremesh.tensorcore.blocks import choose_matmul_blocks
+from coremesh.tensorcore.blocks import ResidentPlan, choose_matmul_blocks, choose_resident_plan
 from coremesh.tensorcore.kernel import kernel
 from coremesh.tensorcore.mesh import TensorCoreMesh
 from coremesh.tensorcore.mesh import mesh as target_mesh
@@ -32,7 +45,9 @@ def matmul(
     preferred_element_type=float32).astype(out_dtype)``.
 
     Rows of ``a`` (and of the result) are split over the target's devices and, inside a device,
-    over its TensorCores (PARALLEL on the M axis); ``b`` is replicated.
+    over its TensorCores (PARALLEL on the M axis); ``b`` is replicated. ``blocks=(bm, bk, bn)``
+    forces the blocked plan with those blocks; by default ``b`` stays resident in VMEM when it
+    fits (``choose_resident_plan``).
     """
     t = current_target()
     core_mesh = mesh if mesh is not None else target_mesh()
@@ -51,6 +66,18 @@ def matmul(
     check_tiled("a", (m, k), a.dtype, chip, rows_over=shards)
     check_tiled("b", (k, n), b.dtype, chip)
     local_m = m // shards
+    plan = (
+        None
+        if blocks
+        else choose_resident_plan(
+            local_m, k, n, a.dtype, out_dtype, chip=chip, cores=core_mesh.cores
+        )
+    )
+    if plan is not None:
+        resident = _resident(plan, core_mesh, local_m, k, n, a.dtype, b.dtype, out_dtype)
+        return on_devices(
+            resident, in_specs=(P("device", None), P(None, None)), out_specs=P("device", None)
+        )(a, b)
     bm, bk, bn = blocks or choose_matmul_blocks(
         local_m, k, n, a.dtype, chip=chip, cores=core_mesh.cores
     )
@@ -124,3 +151,85 @@ def matmul(
     return on_devices(
         per_device, in_specs=(P("device", None), P(None, None)), out_specs=P("device", None)
     )(a, b)
+
+
+def _resident(
+    plan: ResidentPlan,
+    core_mesh: TensorCoreMesh,
+    m: int,
+    k: int,
+    n: int,
+    a_dtype: Any,
+    b_dtype: Any,
+    out_dtype: Any,
+) -> Any:
+    """Per-device kernel for ``plan``: ``b`` in VMEM, rows of ``a`` and the output streamed."""
+    rows, streams, chunks = plan.rows, plan.streams, plan.rhs_chunks
+    stream = rows // streams
+    chunk = k // chunks
+
+    def body(a_hbm: Any, b_hbm: Any, o_hbm: Any, b_vmem: Any, sems: Any) -> None:
+        loads = [
+            pltpu.make_async_copy(
+                b_hbm.at[pl.ds(c * chunk, chunk)], b_vmem.at[pl.ds(c * chunk, chunk)], sems.at[c]
+            )
+            for c in range(chunks)
+        ]
+        for load in loads:
+            load.start()
+
+        def step(*refs: Any) -> None:
+            # b is waited for inside this core's first step (program_id counts a core's own
+            # steps under a Manual split), after that step's rows were fetched, so the two loads
+            # overlap. Every core has at least one step: whole row blocks each.
+            @pl.when(pl.program_id(0) == 0)
+            def _b_ready() -> None:
+                for load in loads:
+                    load.wait()
+
+            for a_ref, o_ref in zip(refs[:streams], refs[streams:], strict=True):
+                o_ref[...] = jnp.dot(
+                    a_ref[...], b_vmem[...], preferred_element_type=jnp.float32
+                ).astype(o_ref.dtype)
+
+        def sub_block(s: int) -> Any:
+            return lambda i: (streams * i + s, 0)
+
+        pipeline(
+            step,
+            grid=(m // rows,),
+            in_specs=[pl.BlockSpec((stream, k), sub_block(s)) for s in range(streams)],
+            out_specs=[pl.BlockSpec((stream, n), sub_block(s)) for s in range(streams)],
+            split=Manual("core", 0),
+        )(*[a_hbm] * streams, *[o_hbm] * streams)
+
+    cost = CostEstimate(
+        flops=2 * m * k * n,
+        bytes_accessed=m * k * jnp.dtype(a_dtype).itemsize
+        + core_mesh.cores * k * n * jnp.dtype(b_dtype).itemsize
+        + m * n * jnp.dtype(out_dtype).itemsize,
+    )
+    # Raise the scoped VMEM limit only when the plan needs it: on TPU7x, libtpu 0.0.52 fails to
+    # compile this kernel with some raised limits (32 or 40 MiB: XLA then prefetches the
+    # operands into the rest of VMEM and overcommits it) where the default limit compiles.
+    chip = core_mesh.chip
+    wanted = plan.vmem_bytes * 5 // 4
+    options = (
+        {"vmem_limit_bytes": min(chip.vmem_bytes_per_core, wanted)}
+        if wanted > chip.scoped_vmem_default_bytes
+        else {}
+    )
+
+    def per_device(a_local: jax.Array, b_full: jax.Array) -> jax.Array:
+        kern = kernel(
+            body,
+            mesh=core_mesh,
+            out_type=jax.ShapeDtypeStruct((m, n), out_dtype),
+            scratch=[pltpu.VMEM((k, n), b_dtype), pltpu.SemaphoreType.DMA((chunks,))],
+            name="coremesh_matmul_resident",
+            cost_estimate=cost,
+            compiler_options=options,
+        )
+        return kern(a_local, b_full)
+
+    return per_device
