@@ -201,6 +201,7 @@ class CycleEstimate:
     error: Mapping[str, Any] | None = None
     #: ``ops`` were read from the dump after the child died mid-program: only those it got to.
     partial: bool = False
+    prefetch_bytes: int = 0
 
     @property
     def cycles(self) -> int | None:
@@ -232,6 +233,21 @@ class CycleEstimate:
         return None if c is None else cycles_to_seconds(c, self.chip)
 
     @property
+    def prefetch_seconds(self) -> float | None:
+        """The uncounted cross-program prefetch (``aot.hlo``) at the device's HBM bandwidth."""
+        if self.roofline is None:
+            return None
+        return self.prefetch_bytes / self.roofline.hbm_bytes_per_s
+
+    def charged_seconds(self, *, kernels_only: bool = False) -> float | None:
+        """The estimate (all ops, or the Pallas kernels only) plus the prefetch it leaves out."""
+        c = self.kernel_cycles if kernels_only else self.cycles
+        extra = self.prefetch_seconds
+        if c is None or extra is None:
+            return None
+        return cycles_to_seconds(c, self.chip) + extra
+
+    @property
     def ratio(self) -> float | None:
         """Estimated time over the roofline bound (1.0 = at the bound)."""
         return None if self.roofline is None else self.roofline.ratio(self.seconds)
@@ -259,6 +275,7 @@ class CycleEstimate:
             "compile_seconds": round(self.compile_seconds, 4),
             "error": dict(self.error) if self.error else None,
             "partial": self.partial,
+            "prefetch_bytes": self.prefetch_bytes,
         }
 
 
@@ -382,6 +399,7 @@ def _finish(item: _Item, raw: Mapping[str, Any], spec: Any) -> CycleEstimate:
         compile_seconds=float(raw.get("compile_seconds") or 0.0),
         error=raw.get("error"),
         partial=bool(raw.get("partial")),
+        prefetch_bytes=int(raw.get("prefetch_bytes") or 0),
     )
 
 
@@ -700,7 +718,7 @@ def run_job(job: Mapping[str, Any]) -> None:
         result: dict[str, Any]
         try:
             program = _load(ProgramRef.from_json(raw["ref"]), raw["name"], raw["variant"])
-            r = compile_on(program, target)
+            r = compile_on(program, target, keep_executable=True)
         except Exception as e:  # a reference that does not resolve, or a broken program
             result = {"status": "error", "note": f"{type(e).__name__}: {e}", "ops": []}
             emit({"event": "done", "index": index, "result": result})
@@ -716,6 +734,7 @@ def run_job(job: Mapping[str, Any]) -> None:
         }
         if r.ok:
             result.update(_estimate_status(ops, sc, static, target.chip))
+            result["prefetch_bytes"] = _prefetch_bytes(r.compiled)
             declared = getattr(program, "work", None)
             work = declared(target.num_devices) if callable(declared) else None
             if isinstance(work, Work):
@@ -724,6 +743,15 @@ def run_job(job: Mapping[str, Any]) -> None:
                 traffic = r.memory.argument_bytes + r.memory.output_bytes - r.memory.alias_bytes
                 result["work"] = {"bytes_accessed": traffic, "flops": int(r.flops or 0)}
         emit({"event": "done", "index": index, "result": result})
+
+
+def _prefetch_bytes(compiled: Any) -> int:
+    from coremesh.testing.aot.hlo import cross_program_prefetch_bytes
+
+    try:
+        return cross_program_prefetch_bytes(compiled.as_text())
+    except Exception:  # the HLO text is best effort, as cost analysis is
+        return 0
 
 
 def _estimate_status(
