@@ -130,11 +130,13 @@ def _row(e: Any, xla: dict[tuple[str, str], Any]) -> dict[str, Any]:
     from coremesh.testing.aot import cycles_to_seconds
 
     x = xla.get((e.program, e.chip))
-    kc, xc = e.kernel_cycles, (x.cycles if x is not None else None)
+    # Whole programs on both sides: the kernel's includes the XLA ops around it (the psum that
+    # combines devices' row sums, reshapes), as XLA's includes its all-reduce.
+    kc, xc = e.cycles, (x.cycles if x is not None else None)
     seconds = cycles_to_seconds(kc, e.chip) if kc else None
     # libtpu's static profile charges nothing for XLA's cross-program prefetch into VMEM
     # (coremesh.testing.aot.hlo); charged: the prefetched bytes at HBM bandwidth, both sides.
-    k_charged = e.charged_seconds(kernels_only=True)
+    k_charged = e.charged_seconds()
     x_charged = x.charged_seconds() if x is not None else None
     return {
         "program": e.program,

@@ -43,6 +43,26 @@ def _acc_dtype(dtype: Any) -> Any:
     return jnp.float32 if jnp.issubdtype(dtype, jnp.floating) else jnp.int32
 
 
+#: Least bytes per DMA when a block is fetched as several at once, and the most DMAs per block.
+STREAM_BYTES, MAX_STREAMS = 256 << 10, 4
+
+
+def _streams(br: int, bc: int, dtype: Any, *, lanes: bool) -> int:
+    """How many DMAs (row sub-blocks of at least 256 KiB, at most 4) fetch one block.
+
+    One DMA per block leaves HBM idle while it is issued and drained; several in flight keep it
+    busy, and libtpu's static estimates (which do not cap their sum at the HBM bandwidth) fall
+    by 1.6-2.5x with 2-4 of them. Sub-blocks keep 32 rows (any dtype's sublane tile) and, when
+    their rows become output lanes, 128.
+    """
+    unit = 128 if lanes else 32
+    block = br * bc * itemsize(dtype)
+    for n in range(min(MAX_STREAMS, block // STREAM_BYTES), 1, -1):
+        if br % (n * unit) == 0:
+            return n
+    return 1
+
+
 def _identity(op: str, dtype: Any) -> Any:
     if op == "sum":
         return 0
@@ -53,17 +73,16 @@ def _identity(op: str, dtype: Any) -> Any:
 
 
 def _grow_rows(br: int, bc: int, rows: int, item: int, cores: int, chip: Chip) -> int:
-    """Block rows doubled up to a quarter of the scoped VMEM per block, keeping the row split.
+    """Block rows doubled up to a share of the scoped VMEM per block, keeping the row split.
 
     A reduction reads each byte once and does one op on it, so only the pipeline's per-step
     overhead is left to cut: libtpu's static estimates charge v5e, v5p and v6e about 500 cycles
-    a step, and there 4-8 MiB blocks beat choose_block's 1-2 MiB by 10-25%. On TPU7x larger blocks
-    cost more (the first DMA and the last fold are exposed), so it keeps choose_block's blocks.
+    a step, and there 4-8 MiB blocks (a quarter of scoped VMEM) beat choose_block's 1-2 MiB by
+    10-25%. On TPU7x blocks past 2 MiB (a sixteenth) cost more: the first DMA and the last fold
+    are exposed.
     """
-    if chip.generation >= 7:
-        return br
     per_core = rows // cores if rows % (cores * br) == 0 else rows
-    budget = chip.scoped_vmem_default_bytes // 4
+    budget = chip.scoped_vmem_default_bytes // (16 if chip.generation >= 7 else 4)
     while 2 * br * bc * item <= budget and per_core % (2 * br) == 0:
         br *= 2
     return br
@@ -107,14 +126,17 @@ def reduce(
         row_align=128 if axis in (1, -1) else 1,
     )
     br = _grow_rows(br, bc, local_rows, itemsize(x.dtype), core_mesh.cores, chip)
+    streams = _streams(br, bc, x.dtype, lanes=axis in (1, -1))
     cost = CostEstimate(
         flops=local_rows * cols, bytes_accessed=local_rows * cols * x.dtype.itemsize
     )
     if axis in (1, -1):
-        per_device = _along_columns(core_mesh, local_rows, cols, br, bc, op, acc_dtype, cost)
+        per_device = _along_columns(
+            core_mesh, local_rows, cols, br, bc, streams, op, acc_dtype, cost
+        )
         out_spec = P("device")
     else:
-        per_device = _along_rows(core_mesh, local_rows, cols, br, bc, op, acc_dtype, cost)
+        per_device = _along_rows(core_mesh, local_rows, cols, br, bc, streams, op, acc_dtype, cost)
         out_spec = P()
         if shards > 1:  # the op shard_maps itself: combine the devices' results here
 
@@ -132,6 +154,7 @@ def _along_columns(
     cols: int,
     br: int,
     bc: int,
+    streams: int,
     op: str,
     acc_dtype: Any,
     cost: CostEstimate,
@@ -139,34 +162,44 @@ def _along_columns(
     combine, fold = _COMBINE[op], _FOLD[op]
     gather = core_mesh.chip.generation >= 5
 
-    def block_body(x_ref: Any, o_ref: Any) -> None:
-        # Fold each row across lanes into a lane-dense (1, br) row: a (rows, 1) output would be
+    sb = br // streams
+
+    def fold_rows(x_ref: Any) -> Any:
+        # Fold each row across lanes into a lane-dense (1, sb) row: a (rows, 1) output would be
         # padded to 128 lanes per row in HBM (128x the bytes). Reshaping the 1-D fold costs 5-10%
-        # less in libtpu's estimates than transposing a broadcast (br, 1) column, but needs a
+        # less in libtpu's estimates than transposing a broadcast (sb, 1) column, but needs a
         # sublane gather, which v4 lacks.
         x = x_ref[...].astype(acc_dtype)
         if gather:
-            part = fold(x, axis=1).reshape(1, br)
-        else:
-            column = fold(x, axis=1, keepdims=True)
-            part = jnp.transpose(jnp.broadcast_to(column, (br, 128)))[0:1, :]
+            return fold(x, axis=1).reshape(1, sb)
+        column = fold(x, axis=1, keepdims=True)
+        return jnp.transpose(jnp.broadcast_to(column, (sb, 128)))[0:1, :]
 
-        @pl.when(pl.program_id(1) == 0)
-        def _first() -> None:
-            o_ref[...] = part
+    def block_body(*refs: Any) -> None:
+        o_ref = refs[-1]
+        for s, x_ref in enumerate(refs[:-1]):
+            part = fold_rows(x_ref)
+            window = (slice(None), slice(s * sb, (s + 1) * sb))
 
-        @pl.when(pl.program_id(1) > 0)
-        def _rest() -> None:
-            o_ref[...] = combine(o_ref[...], part)
+            @pl.when(pl.program_id(1) == 0)
+            def _first(part: Any = part, window: Any = window) -> None:
+                o_ref[window] = part
+
+            @pl.when(pl.program_id(1) > 0)
+            def _rest(part: Any = part, window: Any = window) -> None:
+                o_ref[window] = combine(o_ref[window], part)
+
+    def sub_block(s: int) -> Any:
+        return lambda i, j: (streams * i + s, j)
 
     def body(x_hbm: Any, o_hbm: Any) -> None:
         pipeline(
             block_body,
             grid=(rows // br, cols // bc),
-            in_specs=[pl.BlockSpec((br, bc), lambda i, j: (i, j))],
+            in_specs=[pl.BlockSpec((sb, bc), sub_block(s)) for s in range(streams)],
             out_specs=[pl.BlockSpec((1, br), lambda i, j: (0, i))],
             split=Parallel("core", 0),
-        )(x_hbm, o_hbm)
+        )(*[x_hbm] * streams, o_hbm)
 
     def run(x_local: jax.Array) -> jax.Array:
         kern = kernel(
@@ -187,30 +220,38 @@ def _along_rows(
     cols: int,
     br: int,
     bc: int,
+    streams: int,
     op: str,
     acc_dtype: Any,
     cost: CostEstimate,
 ) -> Callable[[jax.Array], jax.Array]:
     combine, fold = _COMBINE[op], _FOLD[op]
     sub = 8  # partials are kept as (8, cols) 32-bit sublane tiles
+    sb = br // streams
 
     def body(x_hbm: Any, o_hbm: Any, acc: Any, recv: Any, send_sem: Any, recv_sem: Any) -> None:
         core = jax.lax.axis_index("core")
         cores = jax.lax.axis_size("core")
         acc[...] = jnp.full(acc.shape, _identity(op, acc_dtype), acc_dtype)
 
-        def block_body(x_ref: Any) -> None:
-            part = fold(x_ref[...].astype(acc_dtype).reshape(br // sub, sub, bc), axis=0)
+        def block_body(*x_refs: Any) -> None:
+            part = None
+            for x_ref in x_refs:
+                folded = fold(x_ref[...].astype(acc_dtype).reshape(sb // sub, sub, bc), axis=0)
+                part = folded if part is None else combine(part, folded)
             window = (slice(None), pl.ds(pl.program_id(1) * bc, bc))
             acc[window] = combine(acc[window], part)
+
+        def sub_block(s: int) -> Any:
+            return lambda i, j: (streams * i + s, j)
 
         pipeline(
             block_body,
             grid=(rows // br, cols // bc),
-            in_specs=[pl.BlockSpec((br, bc), lambda i, j: (i, j))],
+            in_specs=[pl.BlockSpec((sb, bc), sub_block(s)) for s in range(streams)],
             out_specs=[],
             split=Manual("core", 0),
-        )(x_hbm)
+        )(*[x_hbm] * streams)
 
         if cores > 1:
             # Every core reaches this point before any partial is sent (every recv exists).
