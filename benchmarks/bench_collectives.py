@@ -19,8 +19,6 @@ Writes ``collectives.md``, ``collectives.json`` and ``collectives.png`` to ``--o
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -33,6 +31,9 @@ from jax.sharding import PartitionSpec as P
 from coremesh.collectives import cost
 from coremesh.collectives.reference import collective, lax_equivalent, shift
 from coremesh.testing.aot import Arg, FunctionProgram
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _report import chips_of, fmt, parser, publish
 
 MiB = 1 << 20
 CHIPS = ("v5e", "v5p", "v6e", "TPU7x")
@@ -271,12 +272,6 @@ def gains(traffic: list[dict[str, Any]], cycles: list[dict[str, Any]]) -> list[d
 # ------------------------------------------------------------------------------ report
 
 
-def _fmt(v: Any, spec: str = ".2f") -> str:
-    if v is None:
-        return "-"
-    return format(v, spec) if isinstance(v, float) else str(v)
-
-
 def report(
     traffic: list[dict[str, Any]], cycles: list[dict[str, Any]], gain: list[dict[str, Any]]
 ) -> str:
@@ -297,10 +292,10 @@ def report(
     for r in traffic:
         lines.append(
             f"| {r['chip']} | {r['op']} | {r['axis']} | {r['algorithm']} | {r['participants']} "
-            f"| {_fmt(r['measured_MiB'])} | {_fmt(r['model_MiB'])} "
-            f"| {_fmt(r['busiest_link_MiB'])} | {_fmt(r['lower_bound_MiB'])} "
-            f"| {_fmt(r['sent_over_bound'])} | {r['steps']} "
-            f"| {_fmt(r['ici_MiB_per_device'])} | {_fmt(r['core_link_MiB_per_device'])} |"
+            f"| {fmt(r['measured_MiB'])} | {fmt(r['model_MiB'])} "
+            f"| {fmt(r['busiest_link_MiB'])} | {fmt(r['lower_bound_MiB'])} "
+            f"| {fmt(r['sent_over_bound'])} | {r['steps']} "
+            f"| {fmt(r['ici_MiB_per_device'])} | {fmt(r['core_link_MiB_per_device'])} |"
         )
     lines += [
         "",
@@ -315,10 +310,10 @@ def report(
     ]
     for r in cycles:
         lines.append(
-            f"| {r['program']} | {r['chip']} | {_fmt(r['kernel_cycles'])} "
-            f"| {_fmt(r['program_cycles'])} | {_fmt(r['xla_cycles'])} "
-            f"| {_fmt(r['kernel_vs_xla'])} | {_fmt(r['kernel_us'], '.1f')} "
-            f"| {_fmt(r['xla_us'], '.1f')} | {r['note'] or ''} |"
+            f"| {r['program']} | {r['chip']} | {fmt(r['kernel_cycles'], ',')} "
+            f"| {fmt(r['program_cycles'], ',')} | {fmt(r['xla_cycles'], ',')} "
+            f"| {fmt(r['kernel_vs_xla'])} | {fmt(r['kernel_us'], '.1f')} "
+            f"| {fmt(r['xla_us'], '.1f')} | {r['note'] or ''} |"
         )
     lines += [
         "",
@@ -329,7 +324,7 @@ def report(
     ]
     for g in gain:
         lines.append(
-            f"| {g['op']} | {g['chip']} | {_fmt(g['link_bytes_gain'])} | {_fmt(g['cycles_gain'])} |"
+            f"| {g['op']} | {g['chip']} | {fmt(g['link_bytes_gain'])} | {fmt(g['cycles_gain'])} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -378,29 +373,16 @@ def chart(traffic: list[dict[str, Any]], cycles: list[dict[str, Any]], path: Pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="bench-results")
-    parser.add_argument("--chips", default=",".join(CHIPS))
-    parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--no-cycles", action="store_true", help="bytes only (fast)")
-    args = parser.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    chips = [c for c in args.chips.split(",") if c]
-
+    p = parser(__doc__, CHIPS)
+    p.add_argument("--no-cycles", action="store_true", help="bytes only (fast)")
+    args = p.parse_args(argv)
     print("bytes per participant (traced kernels)", file=sys.stderr)
     traffic = [r for chip in ("v5p", "v6e") for r in traffic_rows(chip)]
-    cycles = [] if args.no_cycles else cycle_rows(chips, args.jobs)
+    cycles = [] if args.no_cycles else cycle_rows(chips_of(args), args.jobs)
     gain = gains(traffic, cycles)
-    text = report(traffic, cycles, gain)
-    (out / "collectives.md").write_text(text)
-    (out / "collectives.json").write_text(
-        json.dumps(
-            {"bytes": traffic, "cycles": cycles, "bidirectional_gain": gain}, indent=2, default=str
-        )
-    )
-    chart(traffic, cycles, out / "collectives.png")
-    print(text)
+    data = {"bytes": traffic, "cycles": cycles, "bidirectional_gain": gain}
+    publish(args.out, "collectives", report(traffic, cycles, gain).rstrip("\n").split("\n"), data)
+    chart(traffic, cycles, args.out / "collectives.png")
     return 0
 
 

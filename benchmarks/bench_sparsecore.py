@@ -15,8 +15,6 @@ Writes ``sparsecore.md`` and ``sparsecore.json`` to ``--out``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +31,9 @@ from coremesh.sparsecore.ops.bag import embedding_bag_reference
 from coremesh.sparsecore.ops.gather import gather_reference
 from coremesh.sparsecore.ops.scatter import INDEX_BLOCK, plan
 from coremesh.testing.aot import Arg, FunctionProgram, jitted_program
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _report import chips_of, estimate, fmt, parser, publish
 
 CHIPS = ("v5p", "v6e", "TPU7x")
 DEVICES = 4
@@ -132,10 +133,6 @@ def _bytes(op: str, chip: str) -> tuple[int, int]:
     return g_moved + s_moved, N * 4 + N * COLS * f32 + BAGS * COLS * f32
 
 
-def _fmt(v: Any, spec: str = ",") -> str:
-    return "-" if v is None else format(v, spec)
-
-
 def _row(e: Any, xla: dict[tuple[str, str], Any]) -> dict[str, Any]:
     moved, minimum = _bytes(e.program, e.chip)
     device = get_chip(e.chip).device()
@@ -158,27 +155,12 @@ def _row(e: Any, xla: dict[tuple[str, str], Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="bench-results")
-    parser.add_argument("--chips", default=",".join(CHIPS))
-    parser.add_argument("--jobs", type=int, default=2)
-    args = parser.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-
-    from coremesh.testing.aot import profile
-
-    chips = args.chips.split(",")
-    refs = [f"{Path(__file__).resolve()}:PROGRAMS[{name}]" for name in PROGRAMS]
-
-    def progress(p: Any) -> None:
-        if p.result is not None:
-            print(f"  [{p.index}/{p.total}] {p.chip} {p.program}", file=sys.stderr, flush=True)
-
-    print(f"SparseCore bundles: {len(refs)} programs x {len(chips)} chips", file=sys.stderr)
-    estimates = profile(refs, chips, devices=DEVICES, jobs=args.jobs, progress=progress)
-    xla = {(e.program.removesuffix("[xla]"), e.chip): e for e in estimates if e.variant == "xla"}
-    rows = [_row(e, xla) for e in estimates if e.variant == "kernel"]
+    args = parser(__doc__, CHIPS).parse_args(argv)
+    kernels, xla = estimate(
+        __file__, PROGRAMS, chips_of(args), devices=DEVICES, jobs=args.jobs,
+        title="SparseCore bundles",
+    )  # fmt: skip
+    rows = [_row(e, xla) for e in kernels]
 
     lines = [
         "# SparseCore ops: libtpu bundle counts, bytes moved, XLA's TensorCore estimate",
@@ -203,9 +185,10 @@ def main(argv: list[str] | None = None) -> int:
         bundles = ", ".join(f"{k} {v:,}" for k, v in sorted(r["sparsecore_bundles"].items()))
         lines.append(
             f"| {r['program']} | {r['chip']} | {bundles or '-'} | "
-            f"{_fmt(r['tensorcore_cycles_outside_kernels'])} | "
+            f"{fmt(r['tensorcore_cycles_outside_kernels'], ',')} | "
             f"{r['moved_over_minimum']:.2f} | {r['bytes_moved'] / 2**20:.2f} | "
-            f"{r['hbm_roofline_us']:.2f} | {_fmt(r['xla_cycles'])} | {_fmt(r['xla_us'], '.1f')} |"
+            f"{r['hbm_roofline_us']:.2f} | {fmt(r['xla_cycles'], ',')} | "
+            f"{fmt(r['xla_us'], '.1f')} |"
         )
     lines += [
         "",
@@ -215,10 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         "the relayout of the whole bf16 table into 32-bit words on every call (a one-row DMA of",
         "a packed 16-bit array is refused by Mosaic); keep hot bf16 tables as packed words.",
     ]
-    text = "\n".join(lines) + "\n"
-    (out / "sparsecore.md").write_text(text)
-    (out / "sparsecore.json").write_text(json.dumps({"rows": rows}, indent=2, default=str))
-    print(text)
+    publish(args.out, "sparsecore", lines, {"rows": rows})
     return 0
 
 

@@ -12,8 +12,6 @@ Writes ``tensorcore.md``, ``tensorcore.json`` and ``tensorcore.png`` to ``--out`
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -27,9 +25,11 @@ import coremesh.tensorcore as tc
 from coremesh.core import current_target
 from coremesh.testing.aot import Arg, FunctionProgram, Work, jitted_program
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _report import chips_of, estimate, fmt, parser, publish
+
 ROWS = P("device", None)
 MiB = 1 << 20
-CHIPS = ("v5e", "v5p", "v6e", "TPU7x")
 #: Targets the issue sets: 2 cores at most this share of 1 core's cycles; kernel vs XLA at most.
 MEGACORE_TARGET, XLA_TARGET = 0.6, 1.2
 
@@ -159,34 +159,12 @@ def _row(e: Any, xla: dict[tuple[str, str], Any]) -> dict[str, Any]:
     }
 
 
-def _fmt(v: Any, spec: str = ".2f") -> str:
-    if v is None:
-        return "-"
-    return format(v, spec) if isinstance(v, float) else str(v)
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="bench-results")
-    parser.add_argument("--chips", default=",".join(CHIPS))
-    parser.add_argument("--jobs", type=int, default=2)
-    args = parser.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-
-    from coremesh.testing.aot import profile
-
-    chips = args.chips.split(",")
-    refs = [f"{Path(__file__).resolve()}:PROGRAMS[{name}]" for name in PROGRAMS]
-
-    def progress(p: Any) -> None:
-        if p.result is not None:
-            print(f"  [{p.index}/{p.total}] {p.chip} {p.program}", file=sys.stderr, flush=True)
-
-    print(f"static cycles: {len(refs)} programs x {len(chips)} chips", file=sys.stderr)
-    estimates = profile(refs, chips, devices=4, jobs=args.jobs, progress=progress)
-    xla = {(e.program.removesuffix("[xla]"), e.chip): e for e in estimates if e.variant == "xla"}
-    rows = [_row(e, xla) for e in estimates if e.variant == "kernel"]
+    args = parser(__doc__).parse_args(argv)
+    kernels, xla = estimate(
+        __file__, PROGRAMS, chips_of(args), devices=4, jobs=args.jobs, title="static cycles"
+    )
+    rows = [_row(e, xla) for e in kernels]
 
     by = {(r["program"], r["chip"]): r for r in rows}
     megacore = {}
@@ -211,22 +189,17 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for r in rows:
         lines.append(
-            f"| {r['program']} | {r['chip']} | {_fmt(r['kernel_cycles'])} | "
-            f"{_fmt(r['xla_cycles'])} | {_fmt(r['kernel_vs_xla'])} | "
-            f"{_fmt(r['xla_prefetch_mib'], '.0f')} ({_fmt(r['kernel_prefetch_mib'], '.0f')}) | "
-            f"{_fmt(r['kernel_vs_xla_charged'])} | {_fmt(r['kernel_us'], '.1f')}"
-            f" | {_fmt(r['roofline_us'], '.1f')} | {_fmt(r['vs_roofline'])} |"
+            f"| {r['program']} | {r['chip']} | {fmt(r['kernel_cycles'], ',')} | "
+            f"{fmt(r['xla_cycles'], ',')} | {fmt(r['kernel_vs_xla'])} | "
+            f"{fmt(r['xla_prefetch_mib'], '.0f')} ({fmt(r['kernel_prefetch_mib'], '.0f')}) | "
+            f"{fmt(r['kernel_vs_xla_charged'])} | {fmt(r['kernel_us'], '.1f')}"
+            f" | {fmt(r['roofline_us'], '.1f')} | {fmt(r['vs_roofline'])} |"
         )
     lines += ["", f"## Megacore on v5p (2 cores / 1 core cycles, target <= {MEGACORE_TARGET})", ""]
     lines += [f"- {op}: {ratio:.2f}" for op, ratio in megacore.items()]
     lines += ["", "## Against the targets", "", *_verdicts(rows, megacore)]
-    text = "\n".join(lines) + "\n"
-    (out / "tensorcore.md").write_text(text)
-    (out / "tensorcore.json").write_text(
-        json.dumps({"rows": rows, "megacore_v5p": megacore}, indent=2, default=str)
-    )
-    _chart(rows, out / "tensorcore.png")
-    print(text)
+    publish(args.out, "tensorcore", lines, {"rows": rows, "megacore_v5p": megacore})
+    _chart(rows, args.out / "tensorcore.png")
     return 0
 
 
@@ -251,7 +224,8 @@ def _verdicts(rows: list[dict[str, Any]], megacore: dict[str, float]) -> list[st
         for op, m in megacore.items()
         if m > MEGACORE_TARGET
     ]
-    return out or ["- every op on every chip meets both targets"]
+    chips = ", ".join(dict.fromkeys(r["chip"] for r in rows))
+    return out or [f"- every op meets both targets on {chips}"]
 
 
 def _chart(rows: list[dict[str, Any]], path: Path) -> None:
