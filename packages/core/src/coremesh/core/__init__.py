@@ -27,7 +27,13 @@ from coremesh.core.kernel import CostEstimate, Kernel, KernelSpec, kernel
 from coremesh.core.mesh import CoreKind, CoreMesh, DeviceCoreView, check_axis, num_cores
 from coremesh.core.partition import Span, check_block_shape, split_rows, tile_shape
 from coremesh.core.pipeline import Block, Manual, Parallel, Pipeline, PipelineSpec, Semantics
-from coremesh.core.targets import HardwareTarget, Target, current_target, using_target
+from coremesh.core.targets import (
+    HardwareTarget,
+    SliceTarget,
+    Target,
+    current_target,
+    using_target,
+)
 
 __version__ = "0.1.0"
 
@@ -60,6 +66,7 @@ __all__ = [
     "Pipeline",
     "PipelineSpec",
     "Semantics",
+    "SliceTarget",
     "Span",
     "SparseCoreSpec",
     "Target",

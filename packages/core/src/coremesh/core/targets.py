@@ -63,10 +63,8 @@ def using_target(target: Target) -> Iterator[Target]:
         _current.reset(token)
 
 
-class HardwareTarget:
-    """The TPU devices this process really has."""
-
-    name = "hardware"
+class SliceTarget:
+    """What every target holds: a chip, how many devices, how many cores each device has."""
 
     def __init__(self, chip: Chip, num_devices: int, cores_per_device: int) -> None:
         self._chip, self._n, self._cores = chip, num_devices, cores_per_device
@@ -82,6 +80,12 @@ class HardwareTarget:
     @property
     def cores_per_device(self) -> int:
         return self._cores
+
+
+class HardwareTarget(SliceTarget):
+    """The TPU devices this process really has."""
+
+    name = "hardware"
 
     def activate(self) -> contextlib.AbstractContextManager[object]:
         return using_target(self)

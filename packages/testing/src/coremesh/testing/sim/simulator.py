@@ -23,7 +23,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from coremesh.core.chips import Chip, get_chip
 from coremesh.core.errors import CoremeshError, MeshError
-from coremesh.core.targets import auto_mesh, using_target
+from coremesh.core.targets import SliceTarget, auto_mesh, using_target
 from coremesh.testing.sim import patches
 from coremesh.testing.sim.deadlock import DEFAULT_DEADLINE_S, WATCHDOG
 from coremesh.testing.sim.devices import configure_host_devices, cpu_devices
@@ -63,7 +63,7 @@ class SimParams(InterpretParams):  # type: ignore[misc]
     chip: str = ""
 
 
-class Simulator:
+class Simulator(SliceTarget):
     """A simulated TPU slice; a :class:`coremesh.core.Target`. Enter it to run kernels."""
 
     name = "simulator"
@@ -133,7 +133,7 @@ class Simulator:
                 rule=f"the patches are {', '.join(patches.PATCH_NAMES)}",
                 fix="name patches from that list",
             )
-        self._n = devices
+        super().__init__(self._chip, devices, self._cores)
         self._races = races
         self._deadline = float(deadline)
         self._disabled = frozenset(disable_patches)
@@ -149,19 +149,7 @@ class Simulator:
         self._stacks: list[tuple[contextlib.ExitStack, float, str | None]] = []
         self._race_reports: list[str] = []
 
-    # Target protocol ----------------------------------------------------------------------
-
-    @property
-    def chip(self) -> Chip:
-        return self._chip
-
-    @property
-    def num_devices(self) -> int:
-        return self._n
-
-    @property
-    def cores_per_device(self) -> int:
-        return self._cores
+    # Target protocol (chip, num_devices, cores_per_device: SliceTarget) ---------------------
 
     def activate(self) -> contextlib.AbstractContextManager[object]:
         return self
