@@ -10,6 +10,7 @@ from coremesh.core import (
     check_array_dtype,
     check_fits,
     check_matmul_dtypes,
+    check_operand_dtype,
     nbytes,
 )
 from coremesh.core.chips import MiB
@@ -22,6 +23,25 @@ def test_float64_refused_everywhere() -> None:
     assert (
         "float64" in str(e.value) and "float32" in str(e.value) and "JAX_ENABLE_X64" in str(e.value)
     )
+
+
+@pytest.mark.parametrize(
+    ("dtype", "fix"), [("float16", "cast to bfloat16"), ("bool", "cast to int8 or int32")]
+)
+@pytest.mark.parametrize("chip", ["v4", "v5e", "v5p", "v6e", "TPU7x"])
+def test_operands_mosaic_refuses(chip: str, dtype: str, fix: str) -> None:
+    with pytest.raises(UnsupportedOnChipError) as e:
+        check_operand_dtype(dtype, chip)
+    assert e.value.chip == chip and dtype in e.value.what and fix in (e.value.fix or "")
+
+
+@pytest.mark.parametrize(
+    "dtype", ["bfloat16", "float32", "int32", "uint32", "int16", "uint16", "int8", "uint8"]
+)
+def test_operands_mosaic_takes(dtype: str) -> None:
+    assert check_operand_dtype(dtype, "v5e") == dtype
+    with pytest.raises(UnsupportedOnChipError):  # still refused as arrays: 64-bit
+        check_operand_dtype("int64", "v5e")
 
 
 @pytest.mark.parametrize(

@@ -194,3 +194,15 @@ def test_catalogue_kinds_are_distinct_and_documented() -> None:
 def test_headline_picks_the_error_code_line() -> None:
     text = "JaxRuntimeError: RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom:\nRan out"
     assert headline(text) == "E1001: CompileTimeScopedVmemOom:"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bool"])
+@pytest.mark.parametrize("chip", ["v4", "v5e", "v5p", "v6e", "TPU7x"])
+def test_operands_mosaic_refuses(chip: str, dtype: str) -> None:
+    # What the simulator and the ops refuse up front (core.dtypes.check_operand_dtype), the
+    # compiler refuses on every generation: a kernel that only copies its operand.
+    err = failure(kp.copy(jnp.dtype(dtype)), chip)
+    assert isinstance(err, UnsupportedOnChipError)
+    assert err.kind == "operand_dtype"
+    assert f"{dtype} cannot be a TPU kernel" in err.what
+    assert ("bfloat16" if dtype == "float16" else "int8") in str(err.fix)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import pytest
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import tpu_sc as plsc
 
@@ -139,6 +141,24 @@ def test_a_chip_without_sparsecore_refuses_sparsecore_meshes() -> None:
         assert info.value.chip == "v5e"
         with pytest.raises(UnsupportedOnChipError):
             plsc.ScalarSubcoreMesh(axis_name="core")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bool"])
+def test_operands_mosaic_refuses_are_refused(dtype: str) -> None:
+    # Stock interpret mode copies these; Mosaic refuses them on every TPU (see
+    # core.dtypes.check_operand_dtype and the compile test beside the diagnoses).
+    def copy(x_hbm: Any, o_hbm: Any) -> None:
+        pltpu.sync_copy(x_hbm, o_hbm)
+
+    with simulate(chip="v6e", devices=1):
+        x = jnp.zeros((8, 128), dtype)
+        f = pl.kernel(copy, out_type=x, mesh=pltpu.create_tensorcore_mesh("core"))
+        with pytest.raises(UnsupportedOnChipError, match=f"{dtype} cannot be a TPU kernel") as e:
+            jax.jit(f)(x)
+        assert e.value.chip == "v6e"
+        ok = jnp.zeros((8, 128), jnp.bfloat16)
+        f = pl.kernel(copy, out_type=ok, mesh=pltpu.create_tensorcore_mesh("core"))
+        assert jax.jit(f)(ok).dtype == jnp.bfloat16
 
 
 def test_devices_exist_only_inside() -> None:

@@ -9,7 +9,7 @@ from coremesh.core.backends import Backend, available_backends, backend_for, get
 from coremesh.core.capacity import check_fits, nbytes
 from coremesh.core.chips import CHIPS, Chip, DeviceFigures, SparseCoreSpec, chip_names, get_chip
 from coremesh.core.collective_ids import CollectiveIdAllocator, default_allocator
-from coremesh.core.dtypes import check_array_dtype, check_matmul_dtypes
+from coremesh.core.dtypes import check_array_dtype, check_matmul_dtypes, check_operand_dtype
 from coremesh.core.errors import (
     BackendError,
     CapacityError,
@@ -78,6 +78,7 @@ __all__ = [
     "check_block_shape",
     "check_fits",
     "check_matmul_dtypes",
+    "check_operand_dtype",
     "chip_names",
     "current_target",
     "default_allocator",

@@ -70,6 +70,34 @@ def check_array_dtype(dtype: Any, chip: str | Chip) -> str:
     return name
 
 
+def check_operand_dtype(dtype: Any, chip: str | Chip) -> str:
+    """Refuse what a Pallas TPU kernel takes as no operand or result, on any generation.
+
+    Beyond ``check_array_dtype``: Mosaic refuses float16 arguments ("Only arguments with
+    float8e5m2, ..., bfloat16 or 32-bit element types are supported"; a float16 VMEM load fails
+    too), and its DMAs refuse bool ("DMAs with bool dtypes are not supported"). Both measured
+    with libtpu 0.0.52 on v4, v5e, v5p, v6e and TPU7x.
+    """
+    c = get_chip(chip)
+    name = check_array_dtype(dtype, c)
+    if name == "float16":
+        raise UnsupportedOnChipError(
+            "float16 cannot be a TPU kernel's operand or result",
+            rule="Mosaic takes floating-point operands as bfloat16, float32 or 8-/4-bit floats "
+            "only, on every TPU generation",
+            chip=c.name,
+            fix="cast to bfloat16 (or float32) before the kernel and back after it",
+        )
+    if name == "bool":
+        raise UnsupportedOnChipError(
+            "bool cannot be a TPU kernel's operand or result",
+            rule="a kernel's operands move by DMA, and TPU DMAs do not move bool arrays",
+            chip=c.name,
+            fix="cast to int8 or int32 (x.astype(jnp.int32)) before the kernel, back after it",
+        )
+    return name
+
+
 def check_matmul_dtypes(lhs: Any, rhs: Any, chip: str | Chip) -> None:
     """Refuse lhs/rhs dtype pairs the chip's MXU cannot multiply natively."""
     c = get_chip(chip)

@@ -11,7 +11,13 @@ from typing import Any, Literal
 
 import jax
 
-from coremesh.core import CostEstimate, KernelSpec, check_array_dtype, check_fits, default_allocator
+from coremesh.core import (
+    CostEstimate,
+    KernelSpec,
+    check_fits,
+    check_operand_dtype,
+    default_allocator,
+)
 from coremesh.core.capacity import nbytes
 from coremesh.tensorcore.backend import TensorCoreKernel
 from coremesh.tensorcore.mesh import TensorCoreMesh
@@ -47,7 +53,7 @@ def kernel(
     m = mesh if mesh is not None else target_mesh()
     opts = dict(compiler_options or {})
     for leaf in jax.tree.leaves(out_type):
-        check_array_dtype(leaf.dtype, m.chip)
+        check_operand_dtype(leaf.dtype, m.chip)
     used = scratch_bytes(scratch)
     label = name or str(getattr(body, "__name__", "kernel"))
     what = f"scratch of kernel {label}"

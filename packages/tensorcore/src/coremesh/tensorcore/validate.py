@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from coremesh.core import Chip, LayoutError, MeshError, check_array_dtype, tile_shape
+from coremesh.core import Chip, LayoutError, MeshError, check_operand_dtype, tile_shape
 
 
 def check_2d(name: str, x: Any, chip: Chip) -> tuple[int, int]:
@@ -19,7 +19,7 @@ def check_2d(name: str, x: Any, chip: Chip) -> tuple[int, int]:
             chip=chip.name,
             fix=f"reshape {name} to 2-D first, e.g. x.reshape(-1, x.shape[-1])",
         )
-    check_array_dtype(x.dtype, chip)
+    check_operand_dtype(x.dtype, chip)
     return shape[0], shape[1]
 
 

@@ -21,6 +21,7 @@ sparsecore_cores       ``Core-parallel dimension 0 has iteration bound: 4 ...`` 
 sparsecore_layout      ``Failed to find load/store layout``                        LayoutError
 no_sparsecore          ``'NoneType' object has no attribute 'num_cores'``          UnsupportedOnChip
 x64                    ``'arith.cmpi' op requires all operands ... (i32, i64)``    CompileError
+operand_dtype          ``Only arguments with ... or 32-bit element types ...``    UnsupportedOnChip
 unknown                anything else                                               CompileError
 =====================  ==========================================================  ==============
 """
@@ -33,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from coremesh.core.chips import CHIPS, Chip, get_chip
-from coremesh.core.dtypes import check_matmul_dtypes
+from coremesh.core.dtypes import check_matmul_dtypes, check_operand_dtype
 from coremesh.core.errors import (
     CapacityError,
     CompileError,
@@ -380,6 +381,23 @@ def _x64(_m: re.Match[str], ctx: _Context) -> DiagnosedError:
     )
 
 
+def _operand_dtype(m: re.Match[str], ctx: _Context) -> DiagnosedError:
+    dtype = "bool" if m.group("bool") else "float16"
+    try:
+        check_operand_dtype(dtype, ctx.chip)
+    except UnsupportedOnChipError as e:
+        return CompilerUnsupportedError(
+            f"{ctx.where}: {e.what}",
+            compiler_message=ctx.text,
+            kind="operand_dtype",
+            program=ctx.program,
+            rule=e.rule,
+            chip=ctx.chip.name,
+            fix=e.fix,
+        )
+    raise AssertionError(f"check_operand_dtype accepts {dtype}")  # pragma: no cover
+
+
 _SIZE = r"(?P<{}>[\d.]+[KMG]?)"
 _CATALOGUE: tuple[tuple[str, re.Pattern[str], _Rule], ...] = (
     (
@@ -466,6 +484,14 @@ _CATALOGUE: tuple[tuple[str, re.Pattern[str], _Rule], ...] = (
             r"requires all operands to have the same type.*?\((?:i32, i64|i64, i32)\)", re.S
         ),
         _x64,
+    ),
+    (
+        "operand_dtype",
+        re.compile(
+            r"Only arguments with [\w, ]+ or 32-bit element types are supported"
+            r"|(?P<bool>DMAs with bool dtypes are not supported)"
+        ),
+        _operand_dtype,
     ),
 )
 

@@ -118,6 +118,23 @@ def vmem_scratch(mib: int, vmem_limit_mib: int | None = None) -> FunctionProgram
     )
 
 
+def copy(dtype: Any, rows: int = 32, cols: int = 256) -> FunctionProgram:
+    """A kernel that only copies its ``dtype`` operand HBM to HBM."""
+
+    def kernel(x_hbm: Any, o_hbm: Any) -> None:
+        pltpu.sync_copy(x_hbm, o_hbm)
+
+    def build(mesh: Any) -> Any:
+        tc_mesh = pltpu.create_tensorcore_mesh("core", num_cores=1)
+        return _shard(mesh, lambda x: pl.kernel(kernel, out_type=x, mesh=tc_mesh)(x))
+
+    return FunctionProgram(
+        name=f"copy_{jnp.dtype(dtype).name}",
+        builder=build,
+        args=lambda n: [Arg((rows * n, cols), dtype, ROWS)],
+    )
+
+
 def matmul(dtype: Any, acc: Any = jnp.float32, size: int = 256) -> FunctionProgram:
     """A whole-array pallas_call matmul of ``dtype`` operands."""
 

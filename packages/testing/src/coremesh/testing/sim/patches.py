@@ -23,6 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from coremesh.core.dtypes import check_operand_dtype
 from coremesh.core.errors import CoremeshError, MeshError, UnsupportedOnChipError
 from coremesh.testing.sim.deadlock import WATCHDOG
 
@@ -410,6 +411,11 @@ def _interpret_call_targets() -> list[tuple[Any, str, Any]]:
 
     def interpret_pallas_call(*args: Any, mesh: Any, interpret_params: Any, **kw: Any) -> Any:
         chip = _chip()
+        # The interpreter runs kernels on operands Mosaic refuses on every TPU (float16, bool).
+        for value in (*args, *kw.get("out_avals", ())):
+            dtype = getattr(value, "dtype", None)
+            if dtype is not None:
+                check_operand_dtype(dtype, chip.name)
         if isinstance(mesh, mosaic_core.TensorCoreMesh):
             cores = int(mesh.devices.shape[0])
             if cores > chip.cores_per_device:
