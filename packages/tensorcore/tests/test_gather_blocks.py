@@ -55,3 +55,27 @@ def test_traced_indices_clamped_both_ways(target: Any, dtype: Any) -> None:
     idx = np.array([-5, 3, 100, 7], np.int64)
     out = jax.jit(tc.gather_blocks)(jnp.asarray(x), jnp.asarray(idx, dtype))
     np.testing.assert_array_equal(np.asarray(out), take(x, idx))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_f_runs_on_each_gathered_block_in_vmem(target: Any, dtype: Any) -> None:
+    # The guide's pattern: the pipeline's input index map reads the SMEM indices; 2 cores split
+    # the steps on v5p. Quarter-integers keep x * 2 + 1 exact in bfloat16.
+    br = 16 if dtype == jnp.bfloat16 else 8
+    x = (np.random.default_rng(5).integers(-64, 64, (br * 12, 384)) / 4).astype(np.float32)
+    idx = np.array([11, 0, 5, 5, 3, 9, 1, 7], np.int32)
+    xs = jnp.asarray(x, dtype)
+    names = str(jax.make_jaxpr(lambda a: tc.gather_blocks(a, jnp.asarray(idx), f=lambda b: b))(xs))
+    assert "coremesh_gather_map_blocks" in names
+    out = jax.jit(lambda a, i: tc.gather_blocks(a, i, block_rows=br, f=lambda b: b * 2 + 1))(
+        xs, jnp.asarray(idx)
+    )
+    assert out.dtype == jnp.dtype(dtype)
+    np.testing.assert_array_equal(np.asarray(out, np.float32), take(x, idx, br) * 2 + 1)
+
+
+def test_f_clamps_traced_indices_like_take(target: Any) -> None:
+    x = np.random.default_rng(6).standard_normal((64, 128)).astype(np.float32)
+    idx = jnp.array([-3, 100] * target.num_devices, jnp.int32)
+    out = jax.jit(lambda a, i: tc.gather_blocks(a, i, f=jnp.negative))(jnp.asarray(x), idx)
+    np.testing.assert_array_equal(np.asarray(out), -take(x, np.asarray(idx)))

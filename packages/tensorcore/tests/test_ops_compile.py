@@ -18,7 +18,7 @@ def test_ops_compile(chip: str) -> None:
     results = compile_matrix(progs, [chip])
     failed = [f"{r.program}: {r.error}" for r in results if not r.ok]
     assert not failed, "\n".join(failed)
-    assert len(results) == len(progs) == 7
+    assert len(results) == len(progs) == 8
 
 
 def test_programs_are_registered_for_the_compile_matrix() -> None:

@@ -59,4 +59,9 @@ def programs() -> list[Any]:
             lambda n: [Arg((1024, 512), f32), Arg((16 * n,), jnp.int32, P("device"))],
             name="tensorcore.gather_blocks",
         ),
+        jitted_program(
+            lambda x, i: gather_blocks(x, i, f=lambda b: b * 2),
+            lambda n: [Arg((1024, 512), bf16), Arg((16 * n,), jnp.int32, P("device"))],
+            name="tensorcore.gather_map_blocks",
+        ),
     ]

@@ -1,13 +1,16 @@
 """``gather_blocks``: blocks of rows chosen by a scalar-prefetched index vector.
 
-The core_map guide's dynamic block index pattern: the indices are copied into SMEM first and each
-block's DMA takes its source row from them. Nothing is computed on the rows, so every block is
-copied HBM to HBM, skipping VMEM. Each core takes a contiguous share of the output blocks
-(``core_share``) and keeps a window of block DMAs in flight on a ring of DMA semaphores.
+The core_map guide's scalar prefetch: the indices are copied into SMEM first and each block's
+source row is read from them. A plain gather computes nothing on the rows, so every block is
+copied HBM to HBM, skipping VMEM: each core takes a contiguous share of the output blocks
+(``core_share``) and keeps a window of block DMAs in flight on a ring of DMA semaphores. With
+``f`` the blocks pass through VMEM: the guide's dynamic block index pattern, an ``emit_pipeline``
+whose input index map reads the SMEM indices, its steps split across the cores (PARALLEL).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -17,12 +20,20 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
-from coremesh.core import CostEstimate, LayoutError, check_fits, current_target, tile_shape
+from coremesh.core import (
+    CostEstimate,
+    LayoutError,
+    Parallel,
+    check_fits,
+    current_target,
+    tile_shape,
+)
 from coremesh.core.sharding import device_shards, on_devices
+from coremesh.tensorcore.blocks import choose_block
 from coremesh.tensorcore.kernel import kernel
 from coremesh.tensorcore.mesh import TensorCoreMesh
 from coremesh.tensorcore.mesh import mesh as target_mesh
-from coremesh.tensorcore.pipeline import core_share
+from coremesh.tensorcore.pipeline import core_share, pipeline
 from coremesh.tensorcore.validate import check_2d, check_tiled
 
 #: Block DMAs a core keeps in flight: enough to hide a DMA's latency behind issuing the next ones.
@@ -34,14 +45,17 @@ def gather_blocks(
     indices: jax.Array,
     *,
     block_rows: int | None = None,
+    f: Callable[[jax.Array], jax.Array] | None = None,
     mesh: TensorCoreMesh | None = None,
 ) -> jax.Array:
     """Rows ``x[indices[i] * block_rows : (indices[i] + 1) * block_rows]`` for every ``i``.
 
-    Equal to ``x.reshape(-1, block_rows, C)[indices].reshape(-1, C)``. Concrete indices out of
-    range raise; traced ones are clamped to the last block, as ``jnp.take(..., mode="clip")``.
-    ``block_rows`` defaults to the dtype's sublane tile. ``x`` is replicated on every device and
-    the indices are split over the devices.
+    Equal to ``x.reshape(-1, block_rows, C)[indices].reshape(-1, C)``, or with ``f`` to ``f`` of
+    that (applied in VMEM to tiles of ``block_rows`` rows; ``f`` must be elementwise or at least
+    keep each tile's shape and not mix columns). Concrete indices out of range raise; traced ones
+    are clamped to the last block, as ``jnp.take(..., mode="clip")``. ``block_rows`` defaults to
+    the dtype's sublane tile. ``x`` is replicated on every device and the indices are split over
+    the devices.
     """
     t = current_target()
     core_mesh = mesh if mesh is not None else target_mesh()
@@ -89,7 +103,12 @@ def gather_blocks(
     moved = local_n * br * cols * x.dtype.itemsize
     cost = CostEstimate(flops=0, bytes_accessed=2 * moved + local_n * 4)
     window = max(1, min(IN_FLIGHT, local_n // core_mesh.cores))
-    body = _body(nblocks, br, local_n, window, core_mesh)
+    if f is not None:
+        body = _mapped_body(f, nblocks, br, local_n, cols, x.dtype, core_mesh)
+        scratch: list[Any] = [pltpu.SMEM((local_n,), jnp.int32)]
+    else:
+        body = _body(nblocks, br, local_n, window, core_mesh)
+        scratch = [pltpu.SMEM((local_n,), jnp.int32), pltpu.SemaphoreType.DMA((window,))]
 
     def per_device(idx_local: jax.Array, x_full: jax.Array) -> jax.Array:
         # int32 indices reach the kernel untouched (it clamps them itself): clamping here makes an
@@ -101,8 +120,8 @@ def gather_blocks(
             body,
             mesh=core_mesh,
             out_type=jax.ShapeDtypeStruct((local_n * br, cols), x.dtype),
-            scratch=[pltpu.SMEM((local_n,), jnp.int32), pltpu.SemaphoreType.DMA((window,))],
-            name="coremesh_gather_blocks",
+            scratch=scratch,
+            name="coremesh_gather_blocks" if f is None else "coremesh_gather_map_blocks",
             cost_estimate=cost,
         )
         return kern(idx_local, x_full)
@@ -165,5 +184,37 @@ def _body(nblocks: int, br: int, local_n: int, window: int, core_mesh: TensorCor
             last = block(start + per, 0)
             last.start()
             last.wait()
+
+    return body
+
+
+def _mapped_body(
+    f: Callable[[jax.Array], jax.Array],
+    nblocks: int,
+    br: int,
+    local_n: int,
+    cols: int,
+    dtype: Any,
+    core_mesh: TensorCoreMesh,
+) -> Any:
+    """Kernel body for ``f``: a pipeline whose input block index is read from the SMEM indices."""
+    _, bc = choose_block(br, cols, dtype, chip=core_mesh.chip, operands=2)
+
+    def body(idx_hbm: Any, x_hbm: Any, o_hbm: Any, idx_smem: Any) -> None:
+        pltpu.sync_copy(idx_hbm, idx_smem)
+
+        def source(i: Any, j: Any) -> tuple[Any, Any]:
+            return jnp.minimum(jnp.maximum(idx_smem[i], 0), nblocks - 1), j  # jnp.take's "clip"
+
+        def apply(x_ref: Any, o_ref: Any) -> None:
+            o_ref[...] = f(x_ref[...]).astype(o_ref.dtype)
+
+        pipeline(
+            apply,
+            grid=(local_n, cols // bc),
+            in_specs=[pl.BlockSpec((br, bc), source)],
+            out_specs=[pl.BlockSpec((br, bc), lambda i, j: (i, j))],
+            split=Parallel(core_mesh.axis_name, 0),
+        )(x_hbm, o_hbm)
 
     return body
