@@ -140,3 +140,25 @@ def test_ops_on_one_core_of_a_megacore_device() -> None:
         np.testing.assert_array_equal(
             np.asarray(tc.reduce(jnp.asarray(x), 0, "max", mesh=one)), x.max(0)
         )
+
+
+def test_ops_on_a_core_axis_with_another_name() -> None:
+    """The ops split and exchange over the mesh's own core axis name, not a fixed "core"."""
+    with simulate("v5p", 1, deadline=30.0) as sim:
+        tcm = tc.TensorCoreMesh(sim.chip, 2, axis_name="tc")
+        x = exact((64, 256), jnp.float32, 11)
+        a, b = exact((32, 128), jnp.float32, 12), exact((128, 128), jnp.float32, 13)
+        xs = jnp.asarray(x)
+        np.testing.assert_array_equal(np.asarray(tc.map_blocks(jnp.negative, xs, mesh=tcm)), -x)
+        for axis in (0, 1):
+            np.testing.assert_array_equal(
+                np.asarray(tc.reduce(xs, axis, "sum", mesh=tcm)), x.sum(axis)
+            )
+        for blocks in (None, (16, 128, 128)):
+            out = tc.matmul(jnp.asarray(a), jnp.asarray(b), mesh=tcm, blocks=blocks)
+            np.testing.assert_array_equal(np.asarray(out), a @ b)
+        idx = jnp.array([7, 0, 3, 3], jnp.int32)
+        for f in (None, jnp.negative):
+            out = tc.gather_blocks(xs, idx, mesh=tcm, f=f)
+            ref = x.reshape(8, 8, 256)[np.asarray(idx)].reshape(-1, 256)
+            np.testing.assert_array_equal(np.asarray(out), ref if f is None else -ref)

@@ -74,7 +74,7 @@ def map_blocks(
             grid=(local_rows // br, cols // bc),
             in_specs=[spec] * len(arrays),
             out_specs=[spec],
-            split=Parallel("core", 0),
+            split=Parallel(core_mesh.axis_name, 0),
         )(*refs)
 
     size = local_rows * cols

@@ -126,7 +126,7 @@ def matmul(
                 pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j)),
             ],
             out_specs=[pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j))],
-            split=Parallel("core", 0),
+            split=Parallel(core_mesh.axis_name, 0),
         )(a_hbm, b_hbm, o_hbm)
 
     out_itemsize = jnp.dtype(out_dtype).itemsize
@@ -200,7 +200,7 @@ def _resident(
             grid=(m // rows,),
             in_specs=[pl.BlockSpec((stream, k), sub_block(s)) for s in range(streams)],
             out_specs=[pl.BlockSpec((stream, n), sub_block(s)) for s in range(streams)],
-            split=Manual("core", 0),
+            split=Manual(core_mesh.axis_name, 0),
         )(*[a_hbm] * streams, *[o_hbm] * streams)
 
     cost = CostEstimate(

@@ -198,7 +198,7 @@ def _along_columns(
             grid=(rows // br, cols // bc),
             in_specs=[pl.BlockSpec((sb, bc), sub_block(s)) for s in range(streams)],
             out_specs=[pl.BlockSpec((1, br), lambda i, j: (0, i))],
-            split=Parallel("core", 0),
+            split=Parallel(core_mesh.axis_name, 0),
         )(*[x_hbm] * streams, o_hbm)
 
     def run(x_local: jax.Array) -> jax.Array:
@@ -228,10 +228,11 @@ def _along_rows(
     combine, fold = _COMBINE[op], _FOLD[op]
     sub = 8  # partials are kept as (8, cols) 32-bit sublane tiles
     sb = br // streams
+    axis = core_mesh.axis_name
 
     def body(x_hbm: Any, o_hbm: Any, acc: Any, recv: Any, send_sem: Any, recv_sem: Any) -> None:
-        core = jax.lax.axis_index("core")
-        cores = jax.lax.axis_size("core")
+        core = jax.lax.axis_index(axis)
+        cores = jax.lax.axis_size(axis)
         acc[...] = jnp.full(acc.shape, _identity(op, acc_dtype), acc_dtype)
 
         def block_body(*x_refs: Any) -> None:
@@ -250,7 +251,7 @@ def _along_rows(
             grid=(rows // br, cols // bc),
             in_specs=[pl.BlockSpec((sb, bc), sub_block(s)) for s in range(streams)],
             out_specs=[],
-            split=Manual("core", 0),
+            split=Manual(axis, 0),
         )(*[x_hbm] * streams)
 
         if cores > 1:
@@ -260,7 +261,7 @@ def _along_rows(
 
                 @pl.when(core != other)
                 def _signal(other: int = other) -> None:
-                    pl.semaphore_signal(barrier, 1, device_id={"core": other})
+                    pl.semaphore_signal(barrier, 1, device_id={axis: other})
 
             pl.semaphore_wait(barrier, cores - 1)
             # Symmetric: every core sends its partial to each other core (slot k holds the one
@@ -273,7 +274,7 @@ def _along_rows(
                     recv.at[k],
                     send_sem.at[k],
                     recv_sem.at[k],
-                    device_id={"core": jax.lax.rem(core + k, cores)},
+                    device_id={axis: jax.lax.rem(core + k, cores)},
                 )
                 for k in range(1, cores)
             ]
