@@ -14,13 +14,12 @@ from coremesh.collectives.axes import Axis
 from coremesh.core import (
     LayoutError,
     UnsupportedOnChipError,
-    check_array_dtype,
+    check_operand_dtype,
     default_allocator,
 )
-from coremesh.core.dtypes import dtype_name
 
-#: Data a Pallas TPU kernel takes as an operand and its DMA engines move. float16 is not one:
-#: Mosaic accepts only 8-bit, bfloat16 and 32-bit floats as kernel arguments.
+#: Data a Pallas TPU kernel takes as an operand and its DMA engines move
+#: (``check_operand_dtype`` has already refused float16 and bool).
 _MOVABLE = frozenset({"float32", "bfloat16", "int32", "uint32", "int16", "uint16", "int8", "uint8"})
 #: 8-bit floats: held by v5e and later (jax's MXU table), not by v4.
 _FLOAT8 = frozenset({"float8_e5m2", "float8_e4m3fn", "float8_e4m3b11fnuz"})
@@ -34,15 +33,7 @@ def check_dtype(dtype: Any, axis: Axis, *, reduces: bool) -> str:
     """The dtype's name, or the error for a dtype the chip cannot hold or reduce."""
     chip = axis.chip
     assert chip is not None
-    name = dtype_name(dtype)
-    if name == "bool":
-        raise UnsupportedOnChipError(
-            "bool arrays cannot be moved by a TPU kernel's DMAs",
-            rule="TPU kernels hold 8-, 16- and 32-bit numbers; booleans are 1-bit masks",
-            chip=chip.name,
-            fix="cast to int8 (x.astype(jnp.int8)) and back after the collective",
-        )
-    check_array_dtype(dtype, chip)
+    name = check_operand_dtype(dtype, chip)  # no 64-bit, float16 or bool operands
     allowed = _REDUCIBLE if reduces else _MOVABLE | (_FLOAT8 if chip.generation >= 5 else set())
     if name not in allowed:
         what = "reduce" if reduces else "move"
