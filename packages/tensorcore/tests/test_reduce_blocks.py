@@ -67,3 +67,23 @@ def test_streams_per_block(br: int, bc: int, dtype: object, lanes: bool, streams
     from coremesh.tensorcore.ops.reduce import _streams
 
     assert _streams(br, bc, dtype, lanes=lanes) == streams
+
+
+@pytest.mark.parametrize(("op", "axis"), [("max", 0), ("min", 1)])
+def test_bfloat16_blocks_fetched_as_several_dmas(op: str, axis: int) -> None:
+    # 8 MiB of bfloat16 on one v5p device: grown blocks, each fetched as several sub-blocks
+    # (16-row bf16 tiles inside 32-row streams), then the core exchange along rows.
+    from coremesh.tensorcore.ops.reduce import _streams
+
+    c = cc.get_chip("v5p")
+    br, bc = choose_block(
+        4096, 1024, jnp.bfloat16, chip=c, operands=2, cores=2, row_align=128 if axis else 1
+    )
+    grown = _grow_rows(br, bc, 4096, 2, 2, c)
+    assert _streams(grown, bc, jnp.bfloat16, lanes=bool(axis)) > 1
+    x = (np.random.default_rng(5).integers(-64, 64, (4096, 1024)) / 4).astype(jnp.bfloat16)
+    with simulate("v5p", 1, deadline=60.0):
+        out = jax.jit(lambda a: tc.reduce(a, axis, op))(jnp.asarray(x))  # type: ignore[arg-type]
+    assert out.dtype == jnp.bfloat16
+    want = getattr(np.asarray(x, np.float32), op)(axis)
+    np.testing.assert_array_equal(np.asarray(out, np.float32), want)
