@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from importlib.metadata import entry_points
+from typing import Any
 
+import jax.numpy as jnp
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import coremesh.core as cc
+from coremesh.tensorcore.ops.matmul import matmul
 from coremesh.tensorcore.programs import programs
-from coremesh.testing.aot import compile_matrix
+from coremesh.testing.aot import Arg, compile_matrix, jitted_program, profile
+
+ROWS = P("device", None)
 
 
 @pytest.mark.aot
@@ -24,3 +30,30 @@ def test_ops_compile(chip: str) -> None:
 def test_programs_are_registered_for_the_compile_matrix() -> None:
     (ep,) = [e for e in entry_points(group="coremesh.programs") if e.name == "tensorcore"]
     assert ep.load() is programs
+
+
+def _bench_matmul_args(n: int) -> list[Any]:
+    return [Arg((2048 * n, 2048), jnp.bfloat16, ROWS), Arg((2048, 2048), jnp.bfloat16)]
+
+
+#: The benchmark's matmul with the op's own limit and with a raised one (for profile() below).
+LIMITS = {
+    "default": jitted_program(matmul, _bench_matmul_args, name="default"),
+    "raised_40mib": jitted_program(
+        lambda a, b: matmul(a, b, vmem_limit_bytes=40 << 20), _bench_matmul_args, name="raised"
+    ),
+}
+
+
+@pytest.mark.aot
+def test_a_raised_vmem_limit_libtpu_overcommits_under_its_profile_is_diagnosed() -> None:
+    # With its static profile on, libtpu 0.0.52 fails the resident-b matmul on TPU7x with a
+    # 40 MiB scoped limit (XLA also prefetches operands into VMEM and overcommits it); the op's
+    # own choice (the default limit here) profiles. The error names both shares and the fix.
+    refs = [f"{__file__}:LIMITS[{name}]" for name in LIMITS]
+    default, raised = profile(refs, ["TPU7x"], devices=4, jobs=1, include_xla=False)
+    assert default.status == "ok" and default.kernel_cycles
+    assert raised.status == "failed" and raised.error is not None
+    assert raised.error["kind"] == "vmem_program"
+    assert "XLA's own buffers" in raised.error["what"]
+    assert "vmem_limit_bytes" in raised.error["fix"]

@@ -39,6 +39,7 @@ def matmul(
     *,
     out_dtype: Any = jnp.float32,
     blocks: tuple[int, int, int] | None = None,
+    vmem_limit_bytes: int | None = None,
     mesh: TensorCoreMesh | None = None,
 ) -> jax.Array:
     """``a @ b`` accumulated in float32, equal to ``jnp.matmul(a, b,
@@ -47,7 +48,8 @@ def matmul(
     Rows of ``a`` (and of the result) are split over the target's devices and, inside a device,
     over its TensorCores (PARALLEL on the M axis); ``b`` is replicated. ``blocks=(bm, bk, bn)``
     forces the blocked plan with those blocks; by default ``b`` stays resident in VMEM when it
-    fits (``choose_resident_plan``).
+    fits (``choose_resident_plan``). ``vmem_limit_bytes`` overrides the kernel's scoped VMEM
+    limit (by default raised only when the resident plan needs more than the chip's default).
     """
     t = current_target()
     core_mesh = mesh if mesh is not None else target_mesh()
@@ -74,7 +76,9 @@ def matmul(
         )
     )
     if plan is not None:
-        resident = _resident(plan, core_mesh, local_m, k, n, a.dtype, b.dtype, out_dtype)
+        resident = _resident(
+            plan, core_mesh, local_m, k, n, a.dtype, b.dtype, out_dtype, vmem_limit_bytes
+        )
         return on_devices(
             resident, in_specs=(P("device", None), P(None, None)), out_specs=P("device", None)
         )(a, b)
@@ -145,6 +149,9 @@ def matmul(
             scratch=[] if direct else [pltpu.VMEM((bm, bn), jnp.float32)],
             name="coremesh_matmul",
             cost_estimate=cost,
+            compiler_options=(
+                {"vmem_limit_bytes": vmem_limit_bytes} if vmem_limit_bytes is not None else {}
+            ),
         )
         return kern(a_local, b_full)
 
@@ -162,6 +169,7 @@ def _resident(
     a_dtype: Any,
     b_dtype: Any,
     out_dtype: Any,
+    vmem_limit_bytes: int | None,
 ) -> Any:
     """Per-device kernel for ``plan``: ``b`` in VMEM, rows of ``a`` and the output streamed."""
     rows, streams, chunks = plan.rows, plan.streams, plan.rhs_chunks
@@ -209,9 +217,10 @@ def _resident(
         + core_mesh.cores * k * n * jnp.dtype(b_dtype).itemsize
         + m * n * jnp.dtype(out_dtype).itemsize,
     )
-    # Raise the scoped VMEM limit only when the plan needs it: on TPU7x, libtpu 0.0.52 fails to
-    # compile this kernel with some raised limits (32 or 40 MiB: XLA then prefetches the
-    # operands into the rest of VMEM and overcommits it) where the default limit compiles.
+    # Raise the scoped VMEM limit only when the plan needs it: compiled with libtpu's static
+    # profile on (coremesh profile, the benchmarks), libtpu 0.0.52 fails this kernel on TPU7x
+    # with a 32 or 40 MiB limit (XLA also prefetches the operands into VMEM and overcommits it);
+    # the default limit profiles, and a plain compile takes either.
     chip = core_mesh.chip
     wanted = plan.vmem_bytes * 5 // 4
     options = (
@@ -219,6 +228,8 @@ def _resident(
         if wanted > chip.scoped_vmem_default_bytes
         else {}
     )
+    if vmem_limit_bytes is not None:
+        options = {"vmem_limit_bytes": vmem_limit_bytes}
 
     def per_device(a_local: jax.Array, b_full: jax.Array) -> jax.Array:
         kern = kernel(

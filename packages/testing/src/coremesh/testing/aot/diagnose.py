@@ -12,6 +12,7 @@ kind                   compiler text (example)                                  
 =====================  ==========================================================  ==============
 scoped_vmem            ``E1001: CompileTimeScopedVmemOom ... limit 16.00M``        CapacityError
 vmem_physical          ``Allocation (size=...) would exceed memory (size=...)``    CapacityError
+vmem_program           ``Ran out of memory in memory space vmem. Used 68.00M of``  CapacityError
 tile_alignment         ``Offsets along tiled dimensions must be aligned to tiles`` LayoutError
 dma_granule            ``contiguous inner slice ... divisible by 512 bytes``       LayoutError
 word_alignment         ``... multiple of the word size (4096 bits)``               LayoutError
@@ -186,6 +187,30 @@ def _vmem_physical(m: re.Match[str], ctx: _Context) -> DiagnosedError:
         f"{_mib(c.scoped_vmem_default_bytes)}",
         chip=c.name,
         fix=fix,
+    )
+
+
+def _vmem_program(m: re.Match[str], ctx: _Context) -> DiagnosedError:
+    c = ctx.chip
+    scoped = re.search(r"scoped\s+(?P<v>[\d.]+[KMG]?)", ctx.text)
+    temp = re.search(r"HLO temp\s+(?P<v>[\d.]+[KMG]?)", ctx.text)
+    split = (
+        f": {scoped['v']} scoped for the kernels and {temp['v']} for XLA's own buffers"
+        if scoped and temp
+        else ""
+    )
+    return CompilerCapacityError(
+        f"{ctx.where} needs {m['used']} of VMEM{split}; a {c.name} TensorCore has {m['cap']}",
+        compiler_message=ctx.text,
+        kind="vmem_program",
+        program=ctx.program,
+        rule="a program's kernels' scoped VMEM limit and the buffers XLA places in VMEM (operands "
+        f"it prefetches there) share the {_mib(c.vmem_bytes_per_core)} of one TensorCore",
+        chip=c.name,
+        fix="lower the kernel's vmem_limit_bytes or leave it at the default "
+        f"({_mib(c.scoped_vmem_default_bytes)}), so XLA fits its buffers beside it; with its "
+        "static profile on, libtpu 0.0.52 overcommits some raised limits on TPU7x that the "
+        "default, or a plain compile, takes",
     )
 
 
@@ -419,6 +444,17 @@ _CATALOGUE: tuple[tuple[str, re.Pattern[str], _Rule], ...] = (
             re.S,
         ),
         _vmem_physical,
+    ),
+    (
+        "vmem_program",
+        re.compile(
+            r"Ran out of memory in memory space vmem\. Used "
+            + _SIZE.format("used")
+            + r" of "
+            + _SIZE.format("cap")
+            + r" vmem"
+        ),
+        _vmem_program,
     ),
     (
         "tile_alignment",
