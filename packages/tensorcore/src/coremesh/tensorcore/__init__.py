@@ -6,14 +6,14 @@ their jax.numpy references; ``kernel`` and ``pipeline`` are the building blocks 
 
 from coremesh.core.sharding import device_shards, inside_shard_map, on_devices
 from coremesh.tensorcore.backend import TensorCoreBackend, TensorCoreKernel
-from coremesh.tensorcore.blocks import choose_block, choose_matmul_blocks
+from coremesh.tensorcore.blocks import choose_block, choose_matmul_blocks, choose_resident_plan
 from coremesh.tensorcore.kernel import kernel
 from coremesh.tensorcore.mesh import TensorCoreMesh, mesh
 from coremesh.tensorcore.ops.gather_blocks import gather_blocks
 from coremesh.tensorcore.ops.map_blocks import map_blocks
 from coremesh.tensorcore.ops.matmul import matmul
 from coremesh.tensorcore.ops.reduce import reduce
-from coremesh.tensorcore.pipeline import core_share, pipeline
+from coremesh.tensorcore.pipeline import core_share, pipeline, sub_blocks
 
 __version__ = "0.1.0"
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "TensorCoreMesh",
     "choose_block",
     "choose_matmul_blocks",
+    "choose_resident_plan",
     "core_share",
     "device_shards",
     "gather_blocks",
@@ -33,4 +34,5 @@ __all__ = [
     "on_devices",
     "pipeline",
     "reduce",
+    "sub_blocks",
 ]

@@ -28,6 +28,26 @@ def core_share(n: int, core: Any, cores: int) -> tuple[Any, Any]:
     return start, size
 
 
+def sub_blocks(spec: pl.BlockSpec, streams: int) -> list[pl.BlockSpec]:
+    """``spec`` cut along its first dim into ``streams`` specs, one per sub-block.
+
+    Passed as ``streams`` operands (the same HBM ref each time), a block arrives as ``streams``
+    DMAs in flight at once instead of one; the body gets the sub-blocks' refs in order.
+    """
+    rows, *rest = spec.block_shape
+    index_map = spec.index_map
+    assert index_map is not None and rows is not None and rows % streams == 0
+
+    def part(s: int) -> Callable[..., Any]:
+        def shifted(*idx: Any) -> Any:
+            first, *others = index_map(*idx)
+            return (streams * first + s, *others)
+
+        return shifted
+
+    return [pl.BlockSpec((rows // streams, *rest), part(s)) for s in range(streams)]
+
+
 def pipeline(
     body: Callable[..., None],
     *,

@@ -25,7 +25,7 @@ from coremesh.tensorcore.blocks import choose_block
 from coremesh.tensorcore.kernel import kernel
 from coremesh.tensorcore.mesh import TensorCoreMesh
 from coremesh.tensorcore.mesh import mesh as target_mesh
-from coremesh.tensorcore.pipeline import pipeline
+from coremesh.tensorcore.pipeline import pipeline, sub_blocks
 from coremesh.tensorcore.validate import check_2d, check_tiled
 
 Op = Literal["sum", "max", "min"]
@@ -189,14 +189,11 @@ def _along_columns(
             def _rest(part: Any = part, window: Any = window) -> None:
                 o_ref[window] = combine(o_ref[window], part)
 
-    def sub_block(s: int) -> Any:
-        return lambda i, j: (streams * i + s, j)
-
     def body(x_hbm: Any, o_hbm: Any) -> None:
         pipeline(
             block_body,
             grid=(rows // br, cols // bc),
-            in_specs=[pl.BlockSpec((sb, bc), sub_block(s)) for s in range(streams)],
+            in_specs=sub_blocks(pl.BlockSpec((br, bc), lambda i, j: (i, j)), streams),
             out_specs=[pl.BlockSpec((1, br), lambda i, j: (0, i))],
             split=Parallel(core_mesh.axis_name, 0),
         )(*[x_hbm] * streams, o_hbm)
@@ -243,13 +240,10 @@ def _along_rows(
             window = (slice(None), pl.ds(pl.program_id(1) * bc, bc))
             acc[window] = combine(acc[window], part)
 
-        def sub_block(s: int) -> Any:
-            return lambda i, j: (streams * i + s, j)
-
         pipeline(
             block_body,
             grid=(rows // br, cols // bc),
-            in_specs=[pl.BlockSpec((sb, bc), sub_block(s)) for s in range(streams)],
+            in_specs=sub_blocks(pl.BlockSpec((br, bc), lambda i, j: (i, j)), streams),
             out_specs=[],
             split=Manual(axis, 0),
         )(*[x_hbm] * streams)
