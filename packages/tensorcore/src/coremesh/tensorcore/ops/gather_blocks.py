@@ -102,11 +102,11 @@ def gather_blocks(
             )
     moved = local_n * br * cols * x.dtype.itemsize
     cost = CostEstimate(flops=0, bytes_accessed=2 * moved + local_n * 4)
-    window = max(1, min(IN_FLIGHT, local_n // core_mesh.cores))
     if f is not None:
         body = _mapped_body(f, nblocks, br, local_n, cols, x.dtype, core_mesh)
         scratch: list[Any] = [pltpu.SMEM((local_n,), jnp.int32)]
     else:
+        window = max(1, min(IN_FLIGHT, local_n // core_mesh.cores))
         body = _body(nblocks, br, local_n, window, core_mesh)
         scratch = [pltpu.SMEM((local_n,), jnp.int32), pltpu.SemaphoreType.DMA((window,))]
 
@@ -131,6 +131,11 @@ def gather_blocks(
     )(indices, x)
 
 
+def _clipped(index: Any, nblocks: int) -> Any:
+    """A block index read from SMEM, clamped into range as ``jnp.take(..., mode="clip")`` does."""
+    return jnp.minimum(jnp.maximum(index, 0), nblocks - 1)
+
+
 def _body(nblocks: int, br: int, local_n: int, window: int, core_mesh: TensorCoreMesh) -> Any:
     """Kernel body: this core's share of blocks with ``window`` DMAs in flight, one slot each.
 
@@ -147,7 +152,7 @@ def _body(nblocks: int, br: int, local_n: int, window: int, core_mesh: TensorCor
         start, size = core_share(local_n, core, core_mesh.cores)
 
         def block(i: Any, slot: int) -> Any:
-            src = jnp.minimum(jnp.maximum(idx_smem[i], 0), nblocks - 1)  # jnp.take's "clip"
+            src = _clipped(idx_smem[i], nblocks)
             return pltpu.make_async_copy(
                 x_hbm.at[pl.ds(pl.multiple_of(src * br, br), br)],
                 o_hbm.at[pl.ds(pl.multiple_of(i * br, br), br)],
@@ -204,7 +209,7 @@ def _mapped_body(
         pltpu.sync_copy(idx_hbm, idx_smem)
 
         def source(i: Any, j: Any) -> tuple[Any, Any]:
-            return jnp.minimum(jnp.maximum(idx_smem[i], 0), nblocks - 1), j  # jnp.take's "clip"
+            return _clipped(idx_smem[i], nblocks), j
 
         def apply(x_ref: Any, o_ref: Any) -> None:
             o_ref[...] = f(x_ref[...]).astype(o_ref.dtype)

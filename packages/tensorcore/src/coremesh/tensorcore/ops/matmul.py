@@ -8,6 +8,7 @@ pipeline accumulates over K in float32.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -29,7 +30,7 @@ from coremesh.tensorcore.blocks import ResidentPlan, choose_matmul_blocks, choos
 from coremesh.tensorcore.kernel import kernel
 from coremesh.tensorcore.mesh import TensorCoreMesh
 from coremesh.tensorcore.mesh import mesh as target_mesh
-from coremesh.tensorcore.pipeline import pipeline
+from coremesh.tensorcore.pipeline import pipeline, sub_blocks
 from coremesh.tensorcore.validate import check_2d, check_tiled
 
 
@@ -76,14 +77,33 @@ def matmul(
         )
     )
     if plan is not None:
-        resident = _resident(
+        per_device = _resident(
             plan, core_mesh, local_m, k, n, a.dtype, b.dtype, out_dtype, vmem_limit_bytes
         )
-        return on_devices(
-            resident, in_specs=(P("device", None), P(None, None)), out_specs=P("device", None)
-        )(a, b)
+    else:
+        per_device = _blocked(
+            blocks, core_mesh, local_m, k, n, a.dtype, b.dtype, out_dtype, vmem_limit_bytes
+        )
+    return on_devices(
+        per_device, in_specs=(P("device", None), P(None, None)), out_specs=P("device", None)
+    )(a, b)
+
+
+def _blocked(
+    blocks: tuple[int, int, int] | None,
+    core_mesh: TensorCoreMesh,
+    local_m: int,
+    k: int,
+    n: int,
+    a_dtype: Any,
+    b_dtype: Any,
+    out_dtype: Any,
+    vmem_limit_bytes: int | None,
+) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """Per-device kernel for the blocked plan: (M, N, K) blocks, float32 accumulation over K."""
+    chip = core_mesh.chip
     bm, bk, bn = blocks or choose_matmul_blocks(
-        local_m, k, n, a.dtype, chip=chip, cores=core_mesh.cores
+        local_m, k, n, a_dtype, chip=chip, cores=core_mesh.cores
     )
     if local_m % bm or k % bk or n % bn:
         raise LayoutError(
@@ -136,8 +156,8 @@ def matmul(
     out_itemsize = jnp.dtype(out_dtype).itemsize
     cost = CostEstimate(
         flops=2 * local_m * k * n,
-        bytes_accessed=local_m * k * a.dtype.itemsize
-        + (local_m // bm) * k * n * b.dtype.itemsize
+        bytes_accessed=local_m * k * jnp.dtype(a_dtype).itemsize
+        + (local_m // bm) * k * n * jnp.dtype(b_dtype).itemsize
         + local_m * n * out_itemsize,
     )
 
@@ -155,9 +175,7 @@ def matmul(
         )
         return kern(a_local, b_full)
 
-    return on_devices(
-        per_device, in_specs=(P("device", None), P(None, None)), out_specs=P("device", None)
-    )(a, b)
+    return per_device
 
 
 def _resident(
@@ -170,10 +188,9 @@ def _resident(
     b_dtype: Any,
     out_dtype: Any,
     vmem_limit_bytes: int | None,
-) -> Any:
+) -> Callable[[jax.Array, jax.Array], jax.Array]:
     """Per-device kernel for ``plan``: ``b`` in VMEM, rows of ``a`` and the output streamed."""
     rows, streams, chunks = plan.rows, plan.streams, plan.rhs_chunks
-    stream = rows // streams
     chunk = k // chunks
 
     def body(a_hbm: Any, b_hbm: Any, o_hbm: Any, b_vmem: Any, sems: Any) -> None:
@@ -200,14 +217,11 @@ def _resident(
                     a_ref[...], b_vmem[...], preferred_element_type=jnp.float32
                 ).astype(o_ref.dtype)
 
-        def sub_block(s: int) -> Any:
-            return lambda i: (streams * i + s, 0)
-
         pipeline(
             step,
             grid=(m // rows,),
-            in_specs=[pl.BlockSpec((stream, k), sub_block(s)) for s in range(streams)],
-            out_specs=[pl.BlockSpec((stream, n), sub_block(s)) for s in range(streams)],
+            in_specs=sub_blocks(pl.BlockSpec((rows, k), lambda i: (i, 0)), streams),
+            out_specs=sub_blocks(pl.BlockSpec((rows, n), lambda i: (i, 0)), streams),
             split=Manual(core_mesh.axis_name, 0),
         )(*[a_hbm] * streams, *[o_hbm] * streams)
 
