@@ -19,12 +19,7 @@ from coremesh.testing.conformance import programs
 _OVERRIDE = "a backend's conformance test class must override this fixture"
 
 
-class _Fixtures:
-    @pytest.fixture
-    def target(self) -> Any:
-        """An active coremesh target (e.g. ``with simulate(...) as sim: yield sim``)."""
-        raise NotImplementedError(_OVERRIDE)
-
+class _Factories:
     @pytest.fixture
     def make_mesh(self) -> programs.MeshFactory:
         """A function returning the backend's core mesh for the active target."""
@@ -33,6 +28,13 @@ class _Fixtures:
     @pytest.fixture
     def make_pipeline(self) -> programs.PipelineFactory:
         """``f(body, *, grid, in_specs, out_specs, split) -> callable on refs``."""
+        raise NotImplementedError(_OVERRIDE)
+
+
+class _Fixtures(_Factories):
+    @pytest.fixture
+    def target(self) -> Any:
+        """An active coremesh target (e.g. ``with simulate(...) as sim: yield sim``)."""
         raise NotImplementedError(_OVERRIDE)
 
     @pytest.fixture
@@ -183,19 +185,11 @@ def _compile_programs(make_mesh: Any, make_pipeline: Any) -> list[tuple[str, Bui
     ]
 
 
-class TensorCoreCompileSuite:
+class TensorCoreCompileSuite(_Factories):
     """The kernel and pipeline programs compile with libtpu for the chip in ``chip``."""
 
     @pytest.fixture
     def chip(self) -> str:
-        raise NotImplementedError(_OVERRIDE)
-
-    @pytest.fixture
-    def make_mesh(self) -> programs.MeshFactory:
-        raise NotImplementedError(_OVERRIDE)
-
-    @pytest.fixture
-    def make_pipeline(self) -> programs.PipelineFactory:
         raise NotImplementedError(_OVERRIDE)
 
     def test_programs_compile(self, chip: str, make_mesh: Any, make_pipeline: Any) -> None:
