@@ -1,5 +1,5 @@
-"""What the static-estimate benchmarks share: their command line, the profile run with progress,
-and writing a report as markdown, JSON and (for those that draw one) a chart.
+"""What the static-estimate benchmarks share: programs (a kernel beside its jax.numpy version),
+the command line, the profile run with progress, and the report as markdown and JSON.
 
 Not a benchmark itself (``nox -s bench`` runs ``bench_*.py``); each script imports it from its own
 folder, so it works as ``python benchmarks/bench_x.py`` and inside profile's child processes.
@@ -10,11 +10,35 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from coremesh.testing.aot import FunctionProgram
+
 CHIPS = ("v5e", "v5p", "v6e", "TPU7x")
+
+
+def compared(
+    name: str,
+    kernel: Callable[..., Any],
+    reference: Callable[..., Any],
+    args: Callable[[int], list[Any]],
+    **program: Any,
+) -> FunctionProgram:
+    """A program jitting ``kernel``, with ``reference`` (its jax.numpy version) as the XLA
+    version to estimate beside it; ``program`` goes to ``FunctionProgram`` (``work_fn``, ...)."""
+    import jax
+
+    from coremesh.testing.aot import jitted_program
+
+    return FunctionProgram(
+        name=name,
+        builder=lambda _mesh: jax.jit(kernel),
+        args=args,
+        xla_reference=jitted_program(reference, args, name=f"{name}[xla]"),
+        **program,
+    )
 
 
 def fmt(v: Any, spec: str = ".2f") -> str:

@@ -30,10 +30,10 @@ from coremesh.core.dtypes import itemsize
 from coremesh.sparsecore.ops.bag import embedding_bag_reference
 from coremesh.sparsecore.ops.gather import gather_reference
 from coremesh.sparsecore.ops.scatter import INDEX_BLOCK, plan
-from coremesh.testing.aot import Arg, FunctionProgram, jitted_program
+from coremesh.testing.aot import Arg, FunctionProgram
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _report import chips_of, estimate, fmt, parser, publish
+from _report import chips_of, compared, estimate, fmt, parser, publish
 
 CHIPS = ("v5p", "v6e", "TPU7x")
 DEVICES = 4
@@ -46,14 +46,7 @@ F32, BF16, I32 = jnp.float32, jnp.bfloat16, jnp.int32
 def _program(
     name: str, kernel: Callable[..., Any], ref: Callable[..., Any], args: Callable[[int], list[Arg]]
 ) -> FunctionProgram:
-    xla = jitted_program(ref, args, name=f"{name}[xla]")
-    return FunctionProgram(
-        name=name,
-        builder=lambda _mesh: jax.jit(kernel),
-        args=args,
-        uses_sparsecore=True,
-        xla_reference=xla,
-    )
+    return compared(name, kernel, ref, args, uses_sparsecore=True)
 
 
 def _gather_args(dtype: Any) -> Callable[[int], list[Arg]]:

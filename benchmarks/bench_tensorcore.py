@@ -23,10 +23,10 @@ from jax.sharding import PartitionSpec as P
 
 import coremesh.tensorcore as tc
 from coremesh.core import current_target
-from coremesh.testing.aot import Arg, FunctionProgram, Work, jitted_program
+from coremesh.testing.aot import Arg, FunctionProgram, Work
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _report import chips_of, estimate, fmt, parser, publish
+from _report import chips_of, compared, estimate, fmt, parser, publish
 
 ROWS = P("device", None)
 MiB = 1 << 20
@@ -45,14 +45,7 @@ def _program(
     args: Callable[[int], list[Arg]],
     work: Callable[[int], Work],
 ) -> FunctionProgram:
-    xla = jitted_program(reference, args, name=f"{name}[xla]")
-    return FunctionProgram(
-        name=name,
-        builder=lambda _mesh: jax.jit(kernel),
-        args=args,
-        xla_reference=xla,
-        work_fn=work,
-    )
+    return compared(name, kernel, reference, args, work_fn=work)
 
 
 def _map(n: int) -> list[Arg]:
