@@ -92,3 +92,30 @@ def test_sparsecore_capacity_and_absence() -> None:
 def test_smem() -> None:
     with pytest.raises(CapacityError, match="SMEM"):
         check_fits(2 * MiB, "v5p", "smem")
+
+
+def test_index_vectors_are_1d_integers_and_in_range_when_concrete() -> None:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from coremesh.core import LayoutError, get_chip
+    from coremesh.core.indices import check_in_range, check_index_vector
+
+    chip = get_chip("v5p")
+    assert check_index_vector("idx", np.arange(5, dtype=np.int16), chip, rule="r") == 5
+    for bad in (np.zeros((2, 2), np.int32), np.zeros(3, np.float32)):
+        with pytest.raises(LayoutError, match="idx must be a 1-D integer vector") as e:
+            check_index_vector("idx", bad, chip, rule="one index per row")
+        assert e.value.rule == "one index per row" and e.value.chip == "v5p"
+    check_in_range("idx", np.array([0, 3, 7]), 8, chip, rule="r", fix="f")
+    with pytest.raises(LayoutError, match=r"idx\[2\] = 8 is outside 0\.\.7") as e:
+        check_in_range("idx", np.array([0, 7, 8, -1]), 8, chip, rule="8 rows", fix="fix it")
+    assert (e.value.rule, e.value.fix) == ("8 rows", "fix it")
+
+    # Traced indices cannot be checked here; the caller decides what out of range means.
+    def traced(i: jax.Array) -> jax.Array:
+        check_in_range("idx", i, 8, chip, rule="r", fix="f")
+        return i
+
+    np.testing.assert_array_equal(jax.jit(traced)(jnp.arange(9)), np.arange(9))

@@ -7,16 +7,11 @@ from typing import Any
 import numpy as np
 
 from coremesh.core import Chip, LayoutError
+from coremesh.core.indices import check_in_range, check_index_vector, is_traced
 from coremesh.sparsecore.registers import register_width
 
 GATHER_MODES = ("check", "clip", "fill")
 SCATTER_MODES = ("check", "clip", "drop")
-
-
-def is_traced(x: Any) -> bool:
-    import jax
-
-    return isinstance(x, jax.core.Tracer)
 
 
 def check_mode(mode: str, allowed: tuple[str, ...], chip: Chip) -> None:
@@ -52,17 +47,8 @@ def check_table(what: str, x: Any, chip: Chip, *, empty_rows: bool = False) -> t
 
 
 def check_indices(what: str, idx: Any, chip: Chip) -> int:
-    import jax.numpy as jnp
-
-    shape = tuple(getattr(idx, "shape", ()))
-    dtype = getattr(idx, "dtype", None)
-    if len(shape) != 1 or dtype is None or not jnp.issubdtype(dtype, jnp.integer):
-        raise LayoutError(
-            f"{what} must be a 1-D integer vector, got {dtype}{list(shape)}",
-            rule="one row index per entry",
-            chip=chip.name,
-            fix=f"pass {what} as a 1-D int32 array",
-        )
+    n = check_index_vector(what, idx, chip, rule="one row index per entry")
+    dtype = idx.dtype
     if np.dtype(dtype).itemsize > 4:
         raise LayoutError(
             f"{what} has dtype {dtype}",
@@ -70,7 +56,7 @@ def check_indices(what: str, idx: Any, chip: Chip) -> int:
             chip=chip.name,
             fix=f"pass {what} as int32",
         )
-    return int(shape[0])
+    return n
 
 
 def check_range(what: str, idx: Any, size: int, mode: str, chip: Chip, modes: str) -> None:
@@ -86,12 +72,11 @@ def check_range(what: str, idx: Any, size: int, mode: str, chip: Chip, modes: st
             chip=chip.name,
             fix=f"pass concrete {what}, or mode={modes}",
         )
-    host = np.asarray(idx)
-    bad = np.flatnonzero((host < 0) | (host >= size))
-    if bad.size:
-        raise LayoutError(
-            f"{what}[{bad[0]}] = {host[bad[0]]} is outside 0..{size - 1}",
-            rule=f"the table has {size} rows",
-            chip=chip.name,
-            fix=f"fix the {what}, or pass mode={modes} to say what an out-of-range index means",
-        )
+    check_in_range(
+        what,
+        idx,
+        size,
+        chip,
+        rule=f"the table has {size} rows",
+        fix=f"fix the {what}, or pass mode={modes} to say what an out-of-range index means",
+    )

@@ -13,8 +13,9 @@ import jax
 import jax.numpy as jnp
 
 from coremesh.core import LayoutError, current_target
+from coremesh.core.indices import is_traced
 from coremesh.sparsecore.mesh import SparseCoreMesh
-from coremesh.sparsecore.ops._checks import check_indices, check_mode, check_range, is_traced
+from coremesh.sparsecore.ops._checks import check_indices, check_mode, check_range
 from coremesh.sparsecore.ops.gather import gather
 from coremesh.sparsecore.ops.scatter import segment_sum
 

@@ -15,7 +15,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
@@ -28,6 +27,7 @@ from coremesh.core import (
     current_target,
     tile_shape,
 )
+from coremesh.core.indices import check_in_range, check_index_vector
 from coremesh.core.sharding import device_shards, on_devices
 from coremesh.tensorcore.blocks import choose_block
 from coremesh.tensorcore.kernel import kernel
@@ -72,15 +72,7 @@ def gather_blocks(
             fix="pick block_rows that divides x.shape[0] in whole tiles",
         )
     nblocks = rows // br
-    idx_shape = tuple(getattr(indices, "shape", ()))
-    if len(idx_shape) != 1 or not jnp.issubdtype(indices.dtype, jnp.integer):
-        raise LayoutError(
-            f"indices must be a 1-D integer vector, got {indices.dtype}{list(idx_shape)}",
-            rule="one block index per output block",
-            chip=chip.name,
-            fix="pass a 1-D int32 array",
-        )
-    n = idx_shape[0]
+    n = check_index_vector("indices", indices, chip, rule="one block index per output block")
     if n % shards:
         raise LayoutError(
             f"{n} indices do not split over {shards} devices",
@@ -90,16 +82,14 @@ def gather_blocks(
         )
     local_n = n // shards
     check_fits(local_n * 4, chip, "smem", what="the prefetched index vector")
-    if not isinstance(indices, jax.core.Tracer):
-        host = np.asarray(indices)
-        bad = np.flatnonzero((host < 0) | (host >= nblocks))
-        if bad.size:
-            raise LayoutError(
-                f"indices[{bad[0]}] = {host[bad[0]]} is outside 0..{nblocks - 1}",
-                rule=f"x has {nblocks} blocks of {br} rows",
-                chip=chip.name,
-                fix="fix the indices; an out-of-range block index would read another block",
-            )
+    check_in_range(
+        "indices",
+        indices,
+        nblocks,
+        chip,
+        rule=f"x has {nblocks} blocks of {br} rows",
+        fix="fix the indices; an out-of-range block index would read another block",
+    )
     moved = local_n * br * cols * x.dtype.itemsize
     cost = CostEstimate(flops=0, bytes_accessed=2 * moved + local_n * 4)
     if f is not None:
