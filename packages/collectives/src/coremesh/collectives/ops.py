@@ -191,6 +191,23 @@ def all_gather(
     return _run(x, ax, req, to_src, from_dst, inside=inside, collective_id=collective_id)
 
 
+def _split_dim(
+    shape: tuple[int, ...], dim: int, n: int, tiled: bool
+) -> tuple[tuple[int, ...], tuple[int, ...], Transform]:
+    """``dim`` of ``shape`` split over ``n`` participants (its ``n`` slices when tiled, else its
+    ``n`` entries): each participant's part, its canonical chunk, and the (n, *chunk) source."""
+    rest = tuple(d for i, d in enumerate(shape) if i != dim)
+    part = (shape[dim] // n, *rest) if tiled else rest
+    chunk = canonical_chunk(part)
+
+    def to_src(v: Any) -> Any:
+        import jax.numpy as jnp
+
+        return jnp.moveaxis(v, dim, 0).reshape(n, *chunk)
+
+    return part, chunk, to_src
+
+
 def reduce_scatter(
     x: Any,
     axis_name: AxisName,
@@ -229,14 +246,7 @@ def reduce_scatter(
             chip=ax.chip.name if ax.chip else None,
             fix=f"pass tiled=True, or give dim {sd} size {n}",
         )
-    rest = tuple(d for i, d in enumerate(shape) if i != sd)
-    part = (shape[sd] // n, *rest) if tiled else rest
-    chunk = canonical_chunk(part)
-
-    def to_src(v: Any) -> Any:
-        import jax.numpy as jnp
-
-        return jnp.moveaxis(v, sd, 0).reshape(n, *chunk)
+    part, chunk, to_src = _split_dim(shape, sd, n, tiled)
 
     def from_dst(y: Any) -> Any:
         import jax.numpy as jnp
@@ -330,14 +340,7 @@ def all_to_all(
                 chip=ax.chip.name if ax.chip else None,
                 fix=f"pass tiled=True, or give dim {sa} size {n}",
             )
-    rest = tuple(d for i, d in enumerate(shape) if i != sa)
-    part = (shape[sa] // n, *rest) if tiled else rest
-    chunk = canonical_chunk(part)
-
-    def to_src(v: Any) -> Any:
-        import jax.numpy as jnp
-
-        return jnp.moveaxis(v, sa, 0).reshape(n, *chunk)
+    part, chunk, to_src = _split_dim(shape, sa, n, tiled)
 
     def from_dst(y: Any) -> Any:
         import jax.numpy as jnp
