@@ -215,6 +215,43 @@ def test_a_hung_compile_times_out_and_the_rest_still_runs(tmp_path: Any) -> None
     assert declared.roofline.bound_s == pytest.approx(10**9 / CHIPS["v6e"].hbm_bytes_per_s)
 
 
+GATHER_MODULE = textwrap.dedent(
+    """
+    import dataclasses
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+    from coremesh.testing.aot import Arg, FunctionProgram, samples
+
+    def _args(n):
+        return [Arg((256, 128), jnp.float32), Arg((8 * n,), jnp.int32, P("device"))]
+
+    def _gather(name):
+        take = lambda x, i: jnp.take(x, i, axis=0)
+        return FunctionProgram(name=name, builder=lambda _m: jax.jit(take), args=_args)
+
+    AFTER = dataclasses.replace(samples.ADD_ONE, name="add_one_after")
+    PROGRAMS = [_gather("gather_a"), samples.ADD_ONE, _gather("gather_b"), AFTER]
+    """
+)
+
+
+def test_profile_aborts_with_profiles_between_keep_the_static_profile(tmp_path: Any) -> None:
+    # libtpu 0.0.52's static profiler aborts on XLA's own gather on v5e ("Unsupported DMA
+    # direction"). Two such aborts with a program profiled between them are the programs'
+    # fault, not the chip's: the program after them still gets its estimate.
+    module = tmp_path / "gather_programs.py"
+    module.write_text(GATHER_MODULE)
+    results = profile([f"{module}:PROGRAMS"], ["v5e"], include_xla=False)
+    by_name = {r.program: r for r in results}
+    for name in ("gather_a", "gather_b"):
+        assert by_name[name].status == "no_estimate"
+        assert "Unsupported DMA direction" in str(by_name[name].note)
+    first, after = by_name[kp.ADD_ONE.name], by_name["add_one_after"]
+    assert first.status == after.status == "ok"
+    assert after.cycles == first.cycles and after.cycles is not None
+
+
 def test_programs_must_be_findable_by_reference() -> None:
     with pytest.raises(ProgramError, match="module level"):
         profile([kp.add_one()], ["v5e"])

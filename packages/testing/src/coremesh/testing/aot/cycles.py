@@ -8,8 +8,8 @@ child processes, one per chip, that rebuild each program from its reference, com
 the dump directory (cleared between programs, because files are named after HLO instructions such
 as ``shard_map.12``). A child that aborts loses only the program it was compiling: the parent
 records the abort, reads the bundle counts the compiler had already written, and starts a new
-child for the rest (after two profile aborts on one chip, without the static profile). The ops
-dumped before such a death are kept for diagnosis but never summed into an estimate.
+child for the rest (after two profile aborts in a row on one chip, without the static profile).
+The ops dumped before such a death are kept for diagnosis but never summed into an estimate.
 
 libtpu's static profiler can also need more memory than the machine has (~24 GB on one XLA gather
 for TPU7x), and the kernel's OOM killer may then pick another process. So the parent polls the
@@ -63,7 +63,8 @@ CycleStatus = Literal[
 
 #: Marks the child's result lines on stdout (libraries may print there too).
 _MARK = "@@coremesh-aot@@ "
-#: A chip whose static profile aborted this many times is profiled without it for the rest.
+#: A chip whose static profile aborted this many times in a row is profiled without it for the
+#: rest (v4, where every psum aborts it); one that profiles in between resets the count.
 _ABORTS_BEFORE_BUNDLES_ONLY = 2
 #: Seconds between two reads of the child's resident memory.
 _MEMORY_POLL_S = 1.0
@@ -527,6 +528,8 @@ class _ChipRun:
                         current = None
                         finished += 1
                         status = msg["result"]["status"]
+                        if static and status == "ok":
+                            self.aborts = 0  # the aborts were the programs', not the chip's
                         self.report(Progress("profile", 0, 0, label, self.chip.name, status))
             except BaseException:  # interrupted: leave no child behind
                 _kill(proc)
