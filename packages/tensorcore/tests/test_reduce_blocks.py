@@ -90,3 +90,18 @@ def test_bfloat16_blocks_fetched_as_several_dmas(op: str, axis: int) -> None:
     assert out.dtype == jnp.bfloat16
     want = getattr(np.asarray(x, np.float32), op)(axis)
     np.testing.assert_array_equal(np.asarray(out, np.float32), want)
+
+
+def test_columns_fetched_as_sixteen_dmas() -> None:
+    # 16 MiB on one v6e device: 8 MiB blocks (a quarter of its 32 MiB scoped VMEM), each
+    # arriving as 16 sub-blocks of 128 rows, every one folded into its own 128 output lanes.
+    from coremesh.tensorcore.ops.reduce import _streams
+
+    c = cc.get_chip("v6e")
+    br, bc = choose_block(4096, 1024, jnp.float32, chip=c, operands=2, row_align=128)
+    grown = _grow_rows(br, bc, 4096, 4, 1, c, lanes=True)
+    assert (grown, _streams(grown, bc, jnp.float32, lanes=True)) == (2048, 16)
+    x = np.random.default_rng(6).standard_normal((4096, 1024)).astype(np.float32)
+    with simulate("v6e", 1, deadline=120.0):
+        out = jax.jit(lambda a: tc.reduce(a, 1, "max"))(jnp.asarray(x))
+    np.testing.assert_array_equal(np.asarray(out), x.max(1))
