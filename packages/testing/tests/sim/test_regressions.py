@@ -267,6 +267,43 @@ def test_sparsecore_primitives() -> None:
         np.testing.assert_array_equal(got, want)
 
 
+def indexed_dma_gather(sim: Simulator) -> tuple[np.ndarray, np.ndarray]:
+    lanes = pltpu.get_tpu_info().sparse_core.num_lanes
+    table = jnp.arange(4096 * 16, dtype=jnp.float32).reshape(4096, 16)
+    idx = jnp.arange(lanes, dtype=jnp.int32) * 7
+
+    def kernel(t_hbm: Any, i_hbm: Any, o_hbm: Any, i_vmem: Any, rows: Any) -> None:
+        pltpu.sync_copy(i_hbm, i_vmem)
+        pltpu.sync_copy(t_hbm.at[i_vmem], rows)
+        pltpu.sync_copy(rows, o_hbm)
+
+    mesh = plsc.VectorSubcoreMesh(
+        core_axis_name="core", subcore_axis_name="subcore", num_cores=1, num_subcores=1
+    )
+    f = jax.jit(
+        pl.kernel(
+            kernel,
+            out_type=jax.ShapeDtypeStruct((lanes, 16), jnp.float32),
+            mesh=mesh,
+            scratch_types=[pltpu.VMEM((lanes,), jnp.int32), pltpu.VMEM((lanes, 16), jnp.float32)],
+        )
+    )
+    return np.asarray(sim.run(f, table, idx)), np.asarray(table)[np.asarray(idx)]
+
+
+def test_sparsecore_primitives_indexed_dma() -> None:
+    # Stock, the DMA takes the index buffer's id for the row index: it reads that one row
+    # (or past the table's end) and cannot write it to the 8 rows it was given.
+    with (
+        simulate(devices=1, disable_patches=["sparsecore_primitives"]) as sim,
+        pytest.raises(jax.errors.JaxRuntimeError, match=r"Out-of-bounds (read|write) of"),
+    ):
+        indexed_dma_gather(sim)
+    with simulate(devices=1) as sim:
+        got, want = indexed_dma_gather(sim)
+        np.testing.assert_array_equal(got, want)
+
+
 # compile_cache ----------------------------------------------------------------------------
 
 

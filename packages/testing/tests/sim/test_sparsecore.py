@@ -149,35 +149,119 @@ def test_unsimulated_primitives_are_refused(name: str, body: Body) -> None:
     assert "compile-only target" in str(info.value)
 
 
-def test_indexed_dma_gather_is_refused() -> None:
-    """sync_copy(table.at[idx_ref], ...): the interpreter would use the index ref's buffer id
-    as the row index; the simulator refuses instead of copying the wrong rows."""
+def indexed_dma(
+    sim: Any,
+    body: Callable[[Any, Any, Any, Any, Any, Any], None],
+    table: Any,
+    idx: Any,
+    out_rows: int,
+) -> np.ndarray:
+    """Run ``body(t_hbm, i_vmem, o_hbm, rows, sem, lanes)`` on one vector subcore, the indices
+    already in VMEM and the table copied to the output first (so a scatter shows what it left)."""
+    n, cols = idx.shape[0], table.shape[1]
+
+    def kernel(t_hbm: Any, i_hbm: Any, o_hbm: Any, i_vmem: Any, rows: Any, sem: Any) -> None:
+        pltpu.sync_copy(i_hbm, i_vmem)
+        body(t_hbm, i_vmem, o_hbm, rows, sem, n)
+
+    mesh = plsc.VectorSubcoreMesh(
+        core_axis_name="core", subcore_axis_name="subcore", num_cores=1, num_subcores=1
+    )
+    f = jax.jit(
+        pl.kernel(
+            kernel,
+            out_type=jax.ShapeDtypeStruct((out_rows, cols), table.dtype),
+            mesh=mesh,
+            scratch_types=[
+                pltpu.VMEM((2, n), jnp.int32),
+                pltpu.VMEM((n, cols), table.dtype),
+                pltpu.SemaphoreType.DMA(()),
+            ],
+        )
+    )
+    return np.asarray(sim.run(f, table, jnp.stack([idx, idx[::-1]])))
+
+
+def test_indexed_dma_gathers_rows() -> None:
+    """sync_copy(table.at[idx_ref], rows), async with its own wait, from a view of the index
+    buffer, and with a column window: the rows numpy picks."""
     with simulate(chip="v5p", devices=1) as sim:
-        lanes = pltpu.get_tpu_info().sparse_core.num_lanes
         table = jnp.arange(64 * 16, dtype=jnp.float32).reshape(64, 16)
-        idx = jnp.arange(lanes, dtype=jnp.int32) * 7 % 64
+        idx = jnp.asarray([5, 0, 63, 5, 17, 2, 40, 9, 33, 1, 62, 8, 8, 30, 3, 11], jnp.int32)
 
-        def kernel(t_hbm: Any, i_hbm: Any, o_hbm: Any, i_vmem: Any, rows: Any) -> None:
-            pltpu.sync_copy(i_hbm, i_vmem)
-            pltpu.sync_copy(t_hbm.at[i_vmem], rows)
-            pltpu.sync_copy(rows, o_hbm)
+        def whole(t: Any, i: Any, o: Any, rows: Any, sem: Any, n: int) -> None:
+            pltpu.sync_copy(t.at[i.at[0]], rows)
+            pltpu.sync_copy(rows, o)
 
-        mesh = plsc.VectorSubcoreMesh(
-            core_axis_name="core", subcore_axis_name="subcore", num_cores=1, num_subcores=1
-        )
-        f = jax.jit(
-            pl.kernel(
-                kernel,
-                out_type=jax.ShapeDtypeStruct((lanes, 16), jnp.float32),
-                mesh=mesh,
-                scratch_types=[
-                    pltpu.VMEM((lanes,), jnp.int32),
-                    pltpu.VMEM((lanes, 16), jnp.float32),
-                ],
-            )
-        )
-        with pytest.raises(NotSimulatedError, match="indexed DMA"):
-            sim.run(f, table, idx)
+        got = indexed_dma(sim, whole, table, idx, 16)
+        np.testing.assert_array_equal(got, np.asarray(table)[np.asarray(idx)])
+
+        def waited(t: Any, i: Any, o: Any, rows: Any, sem: Any, n: int) -> None:
+            copy = pltpu.make_async_copy(t.at[i.at[1], pl.ds(8, 8)], rows.at[:, pl.ds(0, 8)], sem)
+            copy.start()
+            copy.wait()
+            pltpu.sync_copy(rows, o)
+
+        got = indexed_dma(sim, waited, table, idx, 16)
+        want = np.asarray(table)[np.asarray(idx)[::-1], 8:16]
+        np.testing.assert_array_equal(got[:, :8], want)
+
+
+def test_indexed_dma_scatters_rows() -> None:
+    """sync_copy(rows, out.at[idx_ref]): row k lands at idx[k], the rest is untouched."""
+    with simulate(chip="v5p", devices=1) as sim:
+        table = jnp.arange(32 * 8, dtype=jnp.int32).reshape(32, 8)
+        idx = jnp.asarray([31, 4, 0, 17, 9, 22, 3, 12], jnp.int32)
+
+        def scatter(t: Any, i: Any, o: Any, rows: Any, sem: Any, n: int) -> None:
+            pltpu.sync_copy(t, o)
+            pltpu.sync_copy(t.at[pl.ds(0, n)], rows)
+            pltpu.sync_copy(rows, o.at[i.at[0]])
+
+        got = indexed_dma(sim, scatter, table, idx, 32)
+        want = np.asarray(table).copy()
+        want[np.asarray(idx)] = np.asarray(table)[:8]
+        np.testing.assert_array_equal(got, want)
+
+
+def test_indexed_dma_out_of_range_raises() -> None:
+    with simulate(chip="v5p", devices=1) as sim:
+        table = jnp.zeros((16, 16), jnp.float32)
+        idx = jnp.asarray([0, 1, 2, 16, 4, 5, 6, 7], jnp.int32)
+
+        def gather(t: Any, i: Any, o: Any, rows: Any, sem: Any, n: int) -> None:
+            pltpu.sync_copy(t.at[i.at[0]], rows)
+            pltpu.sync_copy(rows, o)
+
+        with pytest.raises(Exception, match="lane 3 indexes 16 in dimension 0"):
+            indexed_dma(sim, gather, table, idx, 8)
+
+
+def test_dma_with_add_is_refused() -> None:
+    """The stock interpreter ignores add=True and overwrites: refused, never silently wrong."""
+    with simulate(chip="v5p", devices=1) as sim:
+        table = jnp.ones((16, 16), jnp.float32)
+        idx = jnp.arange(8, dtype=jnp.int32)
+
+        def add(t: Any, i: Any, o: Any, rows: Any, sem: Any, n: int) -> None:
+            pltpu.sync_copy(t.at[pl.ds(0, n)], rows)
+            pltpu.async_copy(rows, o.at[pl.ds(0, n)], sem, add=True).wait()
+
+        with pytest.raises(NotSimulatedError, match="add=True is not simulated"):
+            indexed_dma(sim, add, table, idx, 8)
+
+
+def test_index_vector_on_another_dim_is_refused() -> None:
+    with simulate(chip="v5p", devices=1) as sim:
+        table = jnp.zeros((8, 64), jnp.float32)
+        idx = jnp.arange(8, dtype=jnp.int32)
+
+        def columns(t: Any, i: Any, o: Any, rows: Any, sem: Any, n: int) -> None:
+            pltpu.sync_copy(t.at[pl.ds(0, 8), i.at[0]], rows)
+            pltpu.sync_copy(rows, o)
+
+        with pytest.raises(NotSimulatedError, match="only a 1-D vector of indices"):
+            indexed_dma(sim, columns, table, idx, 8)
 
 
 def test_row_by_row_gather_is_simulated() -> None:

@@ -13,8 +13,13 @@ silently wrong.
   store nothing; unmasked out-of-range indices raise.
 * ``parallel_loop``: a sequential loop, one valid schedule of independent iterations (carries
   included). A body that depends on another iteration's writes is a bug the simulator cannot see.
-* an indexed DMA (``sync_copy(table.at[idx_ref], ...)``, gather or scatter by a vector of
-  indices): refused. The interpreter's DMA reads an index ref's buffer id as if it were the index.
+* an indexed DMA (``sync_copy(table.at[idx_ref], ...)`` gathers rows, ``sync_copy(rows,
+  table.at[idx_ref])`` scatters them): one row DMA per index on the same semaphores, so a wait
+  for the whole copy sees every row's bytes. Stock, the interpreter's DMA reads the index ref's
+  buffer id as if it were the index. An index outside the table raises. Only a 1-D index vector
+  on the first dim of the indexed view, given last, is simulated; other forms are refused.
+* a DMA with ``add=True`` (the destination accumulates): refused. The interpreter ignores
+  ``add`` and overwrites.
 * ``subcore_barrier``: refused. The interpreter runs a SparseCore mesh's subcores one after the
   other on one thread, which cannot honour a barrier between them.
 """
@@ -40,6 +45,7 @@ from jax._src.pallas.mosaic.interpret import utils as interpret_utils
 from jax._src.state import indexing
 from jax._src.state import types as state_types
 from jax.experimental import io_callback
+from jax.experimental import pallas as pl
 
 from coremesh.testing.sim.errors import NotSimulatedError
 
@@ -148,6 +154,13 @@ _RULES: dict[Any, _Rule] = {
 }
 
 
+def _rule(eqn: Any) -> _Rule | None:
+    """How ``eqn`` is rewritten for the interpreter, or None if it runs as it is."""
+    if _is_indexed_dma(eqn):
+        return _indexed_copy
+    return _RULES.get(eqn.primitive)
+
+
 def _sparsecore_primitives() -> dict[Any, str]:
     return {
         v: v.name
@@ -166,36 +179,109 @@ def refusal(primitive: Any) -> NotSimulatedError | None:
         return None
     api = _API_NAMES.get(name, f"the SparseCore primitive {name!r}")
     why = _WHY_BARRIER if name == "barrier" else "it has no interpreter rule in jax 0.10.2"
+    return _not_simulated(api, why)
+
+
+def _not_simulated(what: str, why: str) -> NotSimulatedError:
     return NotSimulatedError(
-        f"{api} is not simulated: {why}",
-        rule="the CPU simulator refuses what it cannot reproduce instead of returning a "
-        "result that may be wrong",
+        f"{what} is not simulated: {why}",
+        rule="the CPU simulator refuses what it cannot reproduce instead of returning a result "
+        "that may be wrong",
         fix="check this kernel with the compile-only target (coremesh.testing.aot) or on TPU "
-        "hardware; restructure it without this primitive to simulate it",
+        "hardware; restructure it without this to simulate it",
     )
 
 
+def _index_vector(ref: Any) -> tuple[Any, Any] | None:
+    """(the view without its last indexer, that indexer) when ``ref`` ends in an indexer with
+    a vector of indices; None when it has none. Refuses forms the rule does not handle."""
+    transforms: tuple[Any, ...] = (
+        tuple(ref.transforms) if isinstance(ref, state_types.TransformedRef) else ()
+    )
+    vectors = [
+        i
+        for i, t in enumerate(transforms)
+        if isinstance(t, indexing.NDIndexer) and t.int_indexer_shape
+    ]
+    if not vectors:
+        return None
+    last = transforms[-1]
+    fixed = (indexing.Slice, int)
+    if (
+        vectors != [len(transforms) - 1]
+        or len(last.int_indexer_shape) != 1
+        or isinstance(last.indices[0], fixed)
+        or not all(isinstance(i, fixed) for i in last.indices[1:])
+    ):
+        raise _not_simulated(
+            f"an indexed DMA with {last}",
+            "only a 1-D vector of indices on the first dim of the view, given last "
+            "(table.at[idx_ref] or table.at[idx_ref, pl.ds(...)]), is simulated",
+        )
+    return state_types.TransformedRef(ref.ref, transforms[:-1]), last
+
+
 def _indexed_dma(eqn: Any) -> NotSimulatedError | None:
-    """The error for a DMA that gathers or scatters by a vector of indices, else None."""
+    """The error for a DMA the simulator cannot run, else None."""
     if eqn.primitive is not tpu_primitives.dma_start_p:
         return None
-    src, dst, *_ = jax.tree.unflatten(eqn.params["tree"], eqn.invars)
-    for side, ref in (("source", src), ("destination", dst)):
-        transforms = ref.transforms if isinstance(ref, state_types.TransformedRef) else ()
-        for t in transforms:
-            if isinstance(t, indexing.NDIndexer) and t.int_indexer_shape:
-                return NotSimulatedError(
-                    f"an indexed DMA (its {side} is indexed by a vector of "
-                    f"{t.int_indexer_shape} indices, e.g. sync_copy(table.at[idx_ref], ...)) is "
-                    "not simulated: the interpreter would read the index ref's buffer id as the "
-                    "index and copy the wrong rows",
-                    rule="the CPU simulator refuses what it cannot reproduce instead of "
-                    "returning a result that may be wrong",
-                    fix="simulate the gather as a loop of single-row copies "
-                    "(sync_copy(table.at[pl.ds(idx_ref[i], 1)], ...)), or check this kernel "
-                    "with the compile-only target or on TPU hardware",
-                )
+    if eqn.params.get("add"):
+        return _not_simulated(
+            "a DMA with add=True",
+            "the interpreter of jax 0.10.2 ignores add and overwrites the destination",
+        )
+    src, dst, *_ = eqn.params["tree"].unflatten(eqn.invars)
+    try:
+        gather, scatter = _index_vector(src), _index_vector(dst)
+    except NotSimulatedError as err:
+        return err
+    if gather is not None and scatter is not None:
+        return _not_simulated(
+            "an indexed DMA with index vectors on both sides",
+            "only one side of a simulated DMA may be indexed by a vector",
+        )
     return None
+
+
+def _is_indexed_dma(eqn: Any) -> bool:
+    if eqn.primitive is not tpu_primitives.dma_start_p:
+        return False
+    src, dst, *_ = eqn.params["tree"].unflatten(eqn.invars)
+    return _index_vector(src) is not None or _index_vector(dst) is not None
+
+
+def _row_view(view: Any, indexer: Any, row: Any) -> Any:
+    """``view.at[row:row+1, <the indexer's other dims>]``: one row of an indexed view."""
+    return view.at[(pl.ds(row, 1), *indexer.indices[1:])]
+
+
+def _indexed_copy(
+    *flat_args: Any, tree: Any, device_id_type: Any, priority: int, add: bool
+) -> Sequence[Any]:
+    """An indexed DMA as one row DMA per index, all on the DMA's semaphores."""
+    src, dst, dst_sem, src_sem, device_id = tree.unflatten(flat_args)
+    gather, scatter = _index_vector(src), _index_vector(dst)
+    indexed = gather if gather is not None else scatter
+    assert indexed is not None  # _rule chose this rule for an indexed DMA
+    view, indexer = indexed
+    rows = indexer.indices[0][...]
+    what = "an indexed DMA " + ("source" if gather is not None else "destination")
+    _checked(what, (view.shape[0],), [rows], None)
+
+    def one(k: Any, carry: Any) -> Any:
+        row = rows[k]
+        if gather is not None:
+            s, d = _row_view(view, indexer, row), dst.at[pl.ds(k, 1)]
+        else:
+            s, d = src.at[pl.ds(k, 1)], _row_view(view, indexer, row)
+        flat, t = tpu_primitives._dma_flatten(s, d, dst_sem, src_sem, device_id)
+        tpu_primitives.dma_start_p.bind(
+            *flat, tree=t, device_id_type=device_id_type, priority=priority, add=add
+        )
+        return carry
+
+    lax.fori_loop(0, rows.shape[0], one, 0)
+    return []
 
 
 # ------------------------------------------------------------------------------------------
@@ -231,7 +317,7 @@ def rewrite(jaxpr: Any, axis_env: Sequence[tuple[Any, int]]) -> tuple[Any, list[
         err = refusal(eqn.primitive) or _indexed_dma(eqn)
         if err is not None:
             raise err
-    if not any(eqn.primitive in _RULES for eqn in jaxpr.eqns):
+    if not any(_rule(eqn) is not None for eqn in jaxpr.eqns):
         result = None
     else:
         with jax_core.extend_axis_env_nd(tuple(axis_env)):
@@ -251,7 +337,7 @@ def _inline(jaxpr: Any) -> tuple[Any, list[Any]]:
     extra_vars: list[Any] = []
     extra_consts: list[Any] = []
     for eqn in jaxpr.eqns:
-        rule = _RULES.get(eqn.primitive)
+        rule = _rule(eqn)
         if rule is None:
             eqns.append(eqn.replace(invars=[sub(v) for v in eqn.invars]))
             continue
