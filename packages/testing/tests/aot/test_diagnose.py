@@ -206,3 +206,25 @@ def test_operands_mosaic_refuses(chip: str, dtype: str) -> None:
     assert err.kind == "operand_dtype"
     assert f"{dtype} cannot be a TPU kernel" in err.what
     assert ("bfloat16" if dtype == "float16" else "int8") in str(err.fix)
+
+
+@pytest.mark.parametrize("chip", ["v5p", "v6e", "TPU7x"])
+def test_indexed_dma_of_bfloat16_rows(chip: str) -> None:
+    err = failure(kp.sc_indexed_gather(jnp.bfloat16, 256), chip)
+    assert isinstance(err, UnsupportedOnChipError) and err.kind == "indexed_dma_dtype"
+    assert "only 32-bit elements are supported" in err.compiler_message
+    assert "32-bit elements only" in str(err.rule) and "32-bit words" in str(err.fix)
+
+
+@pytest.mark.parametrize("chip", ["v5p", "v6e", "TPU7x"])
+def test_indexed_dma_of_rows_narrower_than_a_tile(chip: str) -> None:
+    err = failure(kp.sc_indexed_gather(jnp.float32, 64), chip)
+    assert isinstance(err, LayoutError) and err.kind == "indexed_dma_row"
+    assert "expected slice size (64)" in err.compiler_message
+    assert "rows of 64 32-bit elements" in err.what
+    assert "multiple of 128" in str(err.rule)
+
+
+def test_indexed_dma_of_whole_tiles_compiles() -> None:
+    results = compile_program(kp.sc_indexed_gather(jnp.float32, 128), ["v5p", "v6e", "TPU7x"])
+    assert [r.status for r in results] == ["ok", "ok", "ok"]

@@ -269,7 +269,7 @@ def test_sparsecore_primitives() -> None:
 
 def indexed_dma_gather(sim: Simulator) -> tuple[np.ndarray, np.ndarray]:
     lanes = pltpu.get_tpu_info().sparse_core.num_lanes
-    table = jnp.arange(4096 * 16, dtype=jnp.float32).reshape(4096, 16)
+    table = jnp.arange(512 * 128, dtype=jnp.float32).reshape(512, 128)
     idx = jnp.arange(lanes, dtype=jnp.int32) * 7
 
     def kernel(t_hbm: Any, i_hbm: Any, o_hbm: Any, i_vmem: Any, rows: Any) -> None:
@@ -283,9 +283,9 @@ def indexed_dma_gather(sim: Simulator) -> tuple[np.ndarray, np.ndarray]:
     f = jax.jit(
         pl.kernel(
             kernel,
-            out_type=jax.ShapeDtypeStruct((lanes, 16), jnp.float32),
+            out_type=jax.ShapeDtypeStruct((lanes, 128), jnp.float32),
             mesh=mesh,
-            scratch_types=[pltpu.VMEM((lanes,), jnp.int32), pltpu.VMEM((lanes, 16), jnp.float32)],
+            scratch_types=[pltpu.VMEM((lanes,), jnp.int32), pltpu.VMEM((lanes, 128), jnp.float32)],
         )
     )
     return np.asarray(sim.run(f, table, idx)), np.asarray(table)[np.asarray(idx)]

@@ -13,6 +13,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import tpu_sc as plsc
 
+import coremesh.core as cc
 from coremesh.testing.sim import NotSimulatedError, simulate
 
 pytestmark = pytest.mark.sim
@@ -186,7 +187,7 @@ def test_indexed_dma_gathers_rows() -> None:
     """sync_copy(table.at[idx_ref], rows), async with its own wait, from a view of the index
     buffer, and with a column window: the rows numpy picks."""
     with simulate(chip="v5p", devices=1) as sim:
-        table = jnp.arange(64 * 16, dtype=jnp.float32).reshape(64, 16)
+        table = jnp.arange(64 * 256, dtype=jnp.float32).reshape(64, 256)
         idx = jnp.asarray([5, 0, 63, 5, 17, 2, 40, 9, 33, 1, 62, 8, 8, 30, 3, 11], jnp.int32)
 
         def whole(t: Any, i: Any, o: Any, rows: Any, sem: Any, n: int) -> None:
@@ -197,20 +198,21 @@ def test_indexed_dma_gathers_rows() -> None:
         np.testing.assert_array_equal(got, np.asarray(table)[np.asarray(idx)])
 
         def waited(t: Any, i: Any, o: Any, rows: Any, sem: Any, n: int) -> None:
-            copy = pltpu.make_async_copy(t.at[i.at[1], pl.ds(8, 8)], rows.at[:, pl.ds(0, 8)], sem)
+            window = pl.ds(128, 128)
+            copy = pltpu.make_async_copy(t.at[i.at[1], window], rows.at[:, pl.ds(0, 128)], sem)
             copy.start()
             copy.wait()
             pltpu.sync_copy(rows, o)
 
         got = indexed_dma(sim, waited, table, idx, 16)
-        want = np.asarray(table)[np.asarray(idx)[::-1], 8:16]
-        np.testing.assert_array_equal(got[:, :8], want)
+        want = np.asarray(table)[np.asarray(idx)[::-1], 128:]
+        np.testing.assert_array_equal(got[:, :128], want)
 
 
 def test_indexed_dma_scatters_rows() -> None:
     """sync_copy(rows, out.at[idx_ref]): row k lands at idx[k], the rest is untouched."""
     with simulate(chip="v5p", devices=1) as sim:
-        table = jnp.arange(32 * 8, dtype=jnp.int32).reshape(32, 8)
+        table = jnp.arange(32 * 128, dtype=jnp.int32).reshape(32, 128)
         idx = jnp.asarray([31, 4, 0, 17, 9, 22, 3, 12], jnp.int32)
 
         def scatter(t: Any, i: Any, o: Any, rows: Any, sem: Any, n: int) -> None:
@@ -226,7 +228,7 @@ def test_indexed_dma_scatters_rows() -> None:
 
 def test_indexed_dma_out_of_range_raises() -> None:
     with simulate(chip="v5p", devices=1) as sim:
-        table = jnp.zeros((16, 16), jnp.float32)
+        table = jnp.zeros((16, 128), jnp.float32)
         idx = jnp.asarray([0, 1, 2, 16, 4, 5, 6, 7], jnp.int32)
 
         def gather(t: Any, i: Any, o: Any, rows: Any, sem: Any, n: int) -> None:
@@ -237,10 +239,35 @@ def test_indexed_dma_out_of_range_raises() -> None:
             indexed_dma(sim, gather, table, idx, 8)
 
 
+@pytest.mark.parametrize(
+    ("dtype", "cols", "error", "match"),
+    [
+        (jnp.bfloat16, 256, cc.UnsupportedOnChipError, "moves 32-bit elements only"),
+        (jnp.float32, 64, cc.LayoutError, "rows of 64 elements"),
+    ],
+)
+def test_indexed_dma_mosaic_refuses_is_refused(
+    dtype: Any, cols: int, error: type[Exception], match: str
+) -> None:
+    """Mosaic takes indexed DMAs of 32-bit rows of whole 128-word tiles only; neither a bfloat16
+    table nor 64-element rows run in the simulator either."""
+    with simulate(chip="v5p", devices=1) as sim:
+        table = jnp.zeros((16, cols), dtype)
+        idx = jnp.arange(8, dtype=jnp.int32)
+
+        def gather(t: Any, i: Any, o: Any, rows: Any, sem: Any, n: int) -> None:
+            pltpu.sync_copy(t.at[i.at[0]], rows)
+            pltpu.sync_copy(rows, o)
+
+        with pytest.raises(error, match=match) as info:
+            indexed_dma(sim, gather, table, idx, 8)
+        assert info.value.chip == "v5p"  # type: ignore[attr-defined]
+
+
 def test_dma_with_add_is_refused() -> None:
     """The stock interpreter ignores add=True and overwrites: refused, never silently wrong."""
     with simulate(chip="v5p", devices=1) as sim:
-        table = jnp.ones((16, 16), jnp.float32)
+        table = jnp.ones((16, 128), jnp.float32)
         idx = jnp.arange(8, dtype=jnp.int32)
 
         def add(t: Any, i: Any, o: Any, rows: Any, sem: Any, n: int) -> None:
@@ -253,7 +280,7 @@ def test_dma_with_add_is_refused() -> None:
 
 def test_index_vector_on_another_dim_is_refused() -> None:
     with simulate(chip="v5p", devices=1) as sim:
-        table = jnp.zeros((8, 64), jnp.float32)
+        table = jnp.zeros((8, 128), jnp.float32)
         idx = jnp.arange(8, dtype=jnp.int32)
 
         def columns(t: Any, i: Any, o: Any, rows: Any, sem: Any, n: int) -> None:

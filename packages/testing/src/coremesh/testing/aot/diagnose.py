@@ -20,6 +20,8 @@ matmul_dtype           ``E2001: CompileTimeMosaicUnsupportedRhsType``           
 sparsecore_vmem        ``E3000: CompileTimeSparseCoreAllocationFailure``           CapacityError
 sparsecore_cores       ``Core-parallel dimension 0 has iteration bound: 4 ...``    MeshError
 sparsecore_layout      ``Failed to find load/store layout``                        LayoutError
+indexed_dma_dtype      ``enqueue_indirect_transfer ... only 32-bit elements``      UnsupportedOnChip
+indexed_dma_row        ``expected slice size (64) to be aligned with ... (128)``   LayoutError
 no_sparsecore          ``'NoneType' object has no attribute 'num_cores'``          UnsupportedOnChip
 x64                    ``'arith.cmpi' op requires all operands ... (i32, i64)``    CompileError
 operand_dtype          ``Only arguments with ... or 32-bit element types ...``    UnsupportedOnChip
@@ -377,6 +379,31 @@ def _sparsecore_layout(_m: re.Match[str], ctx: _Context) -> DiagnosedError:
     )
 
 
+def _indexed_dma(m: re.Match[str], ctx: _Context) -> DiagnosedError:
+    from coremesh.core.dma import DTYPE_RULE, FIX, ROW_RULE
+
+    if m.groupdict().get("size") is None:
+        return CompilerUnsupportedError(
+            f"{ctx.where} moves 16-bit or 8-bit elements by an indexed DMA (table.at[idx_ref])",
+            compiler_message=ctx.text,
+            kind="indexed_dma_dtype",
+            program=ctx.program,
+            rule=DTYPE_RULE,
+            chip=ctx.chip.name,
+            fix=FIX,
+        )
+    return CompilerLayoutError(
+        f"{ctx.where} moves rows of {m.group('size')} 32-bit elements by an indexed DMA "
+        "(table.at[idx_ref])",
+        compiler_message=ctx.text,
+        kind="indexed_dma_row",
+        program=ctx.program,
+        rule=ROW_RULE,
+        chip=ctx.chip.name,
+        fix=FIX,
+    )
+
+
 def _no_sparsecore(_m: re.Match[str], ctx: _Context) -> DiagnosedError:
     c = ctx.chip
     return CompilerUnsupportedError(
@@ -508,6 +535,19 @@ _CATALOGUE: tuple[tuple[str, re.Pattern[str], _Rule], ...] = (
         "sparsecore_layout",
         re.compile(r"Failed to find load/store layout"),
         _sparsecore_layout,
+    ),
+    (
+        "indexed_dma_dtype",
+        re.compile(r"enqueue_indirect_transfer' op Not implemented: only 32-bit elements"),
+        _indexed_dma,
+    ),
+    (
+        "indexed_dma_row",
+        re.compile(
+            r"enqueue_indirect_transfer' op Not implemented: expected slice size \((?P<size>\d+)\)"
+            r" to be aligned with source"
+        ),
+        _indexed_dma,
     ),
     (
         "no_sparsecore",

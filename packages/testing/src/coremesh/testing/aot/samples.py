@@ -231,13 +231,49 @@ def sc_scratch(rows: int) -> FunctionProgram:
     )
 
 
+def sc_indexed_gather(dtype: Any = jnp.float32, cols: int = 128) -> FunctionProgram:
+    """Every vector subcore gathers 8 rows of a replicated table by one indexed DMA
+    (``table.at[idx_ref]``), the SparseCore's indirect stream."""
+
+    def build(mesh: Any) -> Any:
+        sc = pltpu.get_tpu_info().sparse_core
+        sc_mesh = plsc.VectorSubcoreMesh(
+            core_axis_name="core", subcore_axis_name="subcore", num_cores=sc.num_cores
+        )
+
+        def kernel(t_hbm: Any, i_hbm: Any, o_hbm: Any, idx: Any, rows: Any) -> None:
+            worker = jax.lax.axis_index("core") * sc.num_subcores + jax.lax.axis_index("subcore")
+            mine = pl.ds(pl.multiple_of(worker * 8, 8), 8)
+            pltpu.sync_copy(i_hbm.at[mine], idx)
+            pltpu.sync_copy(t_hbm.at[idx], rows)
+            pltpu.sync_copy(rows, o_hbm.at[mine])
+
+        def gather(t: Any, i: Any) -> Any:
+            out = jax.ShapeDtypeStruct((i.shape[0], cols), dtype)
+            scratch = [pltpu.VMEM((8,), jnp.int32), pltpu.VMEM((8, cols), dtype)]
+            return pl.kernel(kernel, out_type=out, mesh=sc_mesh, scratch_types=scratch)(t, i)
+
+        return _shard(mesh, gather, in_specs=(P(), P("device")))
+
+    def args(n: int) -> list[Arg]:
+        # 8 indices for each of up to 4 SparseCores x 16 subcores per device.
+        return [Arg((1024, cols), dtype), Arg((8 * 64 * n,), jnp.int32, P("device"))]
+
+    return FunctionProgram(
+        name=f"sc_indexed_gather_{jnp.dtype(dtype).name}_{cols}",
+        builder=build,
+        args=args,
+        uses_sparsecore=True,
+    )
+
+
 ADD_ONE = add_one()
 ADD_ONE_BIG_BLOCKS = add_one(block=(256, 512))
 SC_ADD_ONE = sc_add_one()
 VMEM_48_MIB = vmem_scratch(48)
 
 #: Programs that compile on every chip that has what they need.
-GOOD = {p.name: p for p in (ADD_ONE, ADD_ONE_BIG_BLOCKS, SC_ADD_ONE)}
+GOOD = {p.name: p for p in (ADD_ONE, ADD_ONE_BIG_BLOCKS, SC_ADD_ONE, sc_indexed_gather())}
 
 #: One reproducer per catalogued compiler rejection.
 BAD = {
@@ -251,5 +287,7 @@ BAD = {
         matmul(jnp.float8_e4m3fn),
         matmul(jnp.int4, jnp.int32),
         sc_scratch(2048),
+        sc_indexed_gather(jnp.bfloat16, 256),
+        sc_indexed_gather(jnp.float32, 64),
     )
 }

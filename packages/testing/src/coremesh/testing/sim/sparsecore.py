@@ -16,8 +16,12 @@ silently wrong.
 * an indexed DMA (``sync_copy(table.at[idx_ref], ...)`` gathers rows, ``sync_copy(rows,
   table.at[idx_ref])`` scatters them): one row DMA per index on the same semaphores, so a wait
   for the whole copy sees every row's bytes. Stock, the interpreter's DMA reads the index ref's
-  buffer id as if it were the index. An index outside the table raises. Only a 1-D index vector
-  on the first dim of the indexed view, given last, is simulated; other forms are refused.
+  buffer id as if it were the index. An index outside the table raises; what Mosaic refuses
+  (16-bit elements, rows not of whole 128-word tiles: ``coremesh.core.dma``) raises the same
+  coremesh error as the compile check. Only a 1-D index vector on the first dim of the indexed
+  view, given last, is simulated; other forms are refused. The indices are read when the DMA
+  starts; hardware reads them as it runs, so overwriting them before the wait is a bug the
+  simulator does not see.
 * a DMA with ``add=True`` (the destination accumulates): refused. The interpreter ignores
   ``add`` and overwrites.
 * ``subcore_barrier``: refused. The interpreter runs a SparseCore mesh's subcores one after the
@@ -240,7 +244,21 @@ def _indexed_dma(eqn: Any) -> NotSimulatedError | None:
             "an indexed DMA with index vectors on both sides",
             "only one side of a simulated DMA may be indexed by a vector",
         )
+    indexed = gather if gather is not None else scatter
+    if indexed is not None:
+        _check_like_mosaic(*indexed, "source" if gather is not None else "destination")
     return None
+
+
+def _check_like_mosaic(view: Any, indexer: Any, side: str) -> None:
+    """What Mosaic refuses in an indexed DMA, the simulator refuses (``coremesh.core.dma``)."""
+    from coremesh.core import current_target
+    from coremesh.core.dma import check_indexed_dma
+
+    last = indexer.indices[-1] if len(indexer.indices) > 1 else 1
+    row = last.size if isinstance(last, indexing.Slice) else 1
+    dtype = view.ref.aval.dtype
+    check_indexed_dma(f"an indexed DMA whose {side}", dtype, row, current_target().chip)
 
 
 def _is_indexed_dma(eqn: Any) -> bool:
