@@ -203,3 +203,38 @@ def test_row_ownership_keeps_subcores_from_racing() -> None:
         np.testing.assert_array_equal(
             np.asarray(got), np.asarray(jax.ops.segment_sum(values, ids, 70))
         )
+
+
+@pytest.mark.parametrize(
+    ("n", "row_bytes", "group"),
+    [
+        (32 * 56 * 2, 512, 56),  # two 56-row buffers fit in a quarter of v6e's 256 KiB
+        (32 * 20, 512, 16),  # a worker's share (20) up to 8 lanes is 24; 16 divides 640
+        (4096, 512, 32),  # 56 fit, 32 divides 4096: no padding, no slice of the result
+        (2**20, 64, 128),  # at most 128
+        (10**6, 64, 80),  # the largest multiple of 8 up to 128 dividing 10**6
+        (1001, 64, 24),  # 1001 up to 8 lanes is 1008: 24 divides it, 32 (a share) does not
+        (10**6, 4096, 8),  # rows too large for more: one register row
+    ],
+)
+def test_indexed_dma_group_rows(n: int, row_bytes: int, group: int) -> None:
+    from coremesh.sparsecore.ops.gather import group_rows
+
+    spec = sc.sparsecore_of(cc.get_chip("v6e"))
+    assert group_rows(n, row_bytes, 8, spec.total_subcores, spec.vmem_bytes_per_subcore) == group
+
+
+@pytest.mark.parametrize("dma", ["eager", "on_wait"])
+@pytest.mark.parametrize(("dtype", "cols"), [(np.float32, 1024), (jnp.bfloat16, 2048)])
+def test_gather_by_indexed_dmas(dma: str, dtype: Any, cols: int) -> None:
+    """Rows of whole 128-word tiles come in groups, one indexed DMA (table.at[idx_ref]) per
+    group, 2-3 groups per subcore of v6e, double-buffered: no race, numpy's rows."""
+    from coremesh.sparsecore.ops.gather import indexed
+
+    assert indexed(cols, dtype) and not indexed(8, np.float32) and not indexed(128, jnp.bfloat16)
+    rng = np.random.default_rng(7)
+    table = rng.standard_normal((40, cols)).astype(dtype)
+    idx = rng.integers(0, 40, 32 * 8 * 2 + 13).astype(np.int32)
+    with simulate("v6e", 1, races=True, dma_execution_mode=dma):
+        got = sc.gather(jnp.asarray(table), jnp.asarray(idx))
+    np.testing.assert_array_equal(np.asarray(got), table[idx])

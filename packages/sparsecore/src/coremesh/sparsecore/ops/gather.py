@@ -1,15 +1,18 @@
 """``gather``: embedding lookup, ``table[indices]``, on SparseCore vector subcores.
 
 Each device gathers its shard of the indices from a table replicated on every device. The
-index vector is cut into groups of one register row (``lanes`` int32 indices, 8 on v5p/v6e, 16 on
-TPU7x); the groups are split over every vector subcore of the device (cores x subcores, the
-first ``groups % workers`` subcores take one more). For each group a subcore loads the indices
-as one register, starts one row DMA per lane from HBM into a ``(lanes, D)`` VMEM buffer, waits
-for them all and writes the buffer to its output rows with one DMA. The table never has to fit
-in VMEM; the buffer does.
+index vector is cut into groups of ``group_rows`` indices (a multiple of the register width,
+up to 128, sized so two row buffers take at most a quarter of a subcore's VMEM); the groups are
+split over every vector subcore of the device (cores x subcores, the first ``groups % workers``
+subcores take one more). For each group a subcore copies the indices into VMEM and fetches all
+of its rows with one indexed DMA (``table.at[idx_ref]``, the SparseCore's indirect stream),
+double-buffered: group i+1's rows are in flight while group i is written to its output rows.
+The table never has to fit in VMEM; the buffers do.
 
-Row DMAs are issued per lane with scalar offsets (not one indexed DMA ``table.at[idx_ref]``), so
-the same kernel runs on the CPU simulator and compiles for every SparseCore chip.
+Mosaic takes an indexed DMA only of 32-bit elements in rows of whole 128-word tiles
+(``coremesh.core.dma``). So 16-bit tables travel as 32-bit words (pairs of elements), and
+tables whose rows are not a multiple of 128 words are fetched a register row (``lanes`` indices)
+per group, one row DMA per index.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 from coremesh.core import CostEstimate, LayoutError, check_fits, current_target
+from coremesh.core.dma import indexed_dma_fits
 from coremesh.core.dtypes import itemsize
 from coremesh.core.sharding import device_shards, on_devices
 from coremesh.sparsecore.mesh import SparseCoreMesh
@@ -44,9 +48,31 @@ def fill_value_for(dtype: Any) -> Any:
     return int(jnp.iinfo(dtype).min)
 
 
+#: Most rows one indexed DMA fetches, and the share of a subcore's VMEM its two buffers may take.
+MAX_GROUP_ROWS, GROUP_VMEM_SHARE = 128, 4
+
+
+def indexed(cols: int, dtype: Any) -> bool:
+    """Whether rows of ``cols`` elements of ``dtype``, as the 32-bit words the kernel moves, can
+    be fetched by an indexed DMA (``coremesh.core.dma``)."""
+    return indexed_dma_fits(jnp.int32, cols * itemsize(dtype) // 4)
+
+
+def group_rows(n: int, row_bytes: int, lanes: int, workers: int, vmem_bytes: int) -> int:
+    """Rows per indexed DMA: a multiple of ``lanes`` up to 128 whose two buffers fit in a
+    quarter of ``vmem_bytes`` and no more than one worker's share of ``n`` rounded up; the
+    largest such that divides ``n`` rounded up to ``lanes``, so the indices are padded (and the
+    result sliced, a copy on the TensorCore) only as much as one register row needs."""
+    share = -(-n // workers)
+    fit = vmem_bytes // GROUP_VMEM_SHARE // (2 * (row_bytes + 4))
+    cap = max(lanes, min(MAX_GROUP_ROWS, fit, -(-share // lanes) * lanes) // lanes * lanes)
+    whole = -(-n // lanes) * lanes
+    return next(g for g in range(cap, 0, -lanes) if whole % g == 0)
+
+
 def _as_words(table: jax.Array) -> jax.Array:
-    """16-bit rows as 32-bit words (pairs of elements): a one-row DMA of a 16-bit array would
-    cut a (16, 128) tile of the packed layout, which Mosaic refuses."""
+    """16-bit rows as 32-bit words (pairs of elements): indexed DMAs move 32-bit elements only
+    ("only 32-bit elements are supported" from Mosaic for a bfloat16 table)."""
     if itemsize(table.dtype) == 4:
         return table
     rows, cols = table.shape
@@ -97,9 +123,10 @@ def gather(
 
     An out-of-range index is never used to address the table.
 
-    ``method="dma"`` (default) fetches each row from HBM with its own DMA, for tables of any
-    size. ``method="vmem"`` copies the whole table into every vector subcore's VMEM once and
-    gathers from there with ``plsc.load_gather`` (no per-row DMA): for small tables only, a
+    ``method="dma"`` (default) fetches rows from HBM in groups, one indexed DMA per group (one
+    DMA per row when a row is not a multiple of 512 bytes), for tables of any size.
+    ``method="vmem"`` copies the whole table into every vector subcore's VMEM once and gathers
+    from there with ``plsc.load_gather`` (no per-row DMA): for small tables only, a
     table beyond the subcore's VMEM raises ``CapacityError``.
     """
     t = current_target()
@@ -114,7 +141,7 @@ def gather(
     if method not in ("dma", "vmem"):
         raise LayoutError(
             f"method={method!r}",
-            rule="rows are fetched per row from HBM ('dma') or from a VMEM copy ('vmem')",
+            rule="rows are fetched from HBM by indexed DMAs ('dma') or from a VMEM copy ('vmem')",
             chip=chip.name,
             fix="pass method='dma' (any table) or method='vmem' (small tables)",
         )
@@ -129,17 +156,23 @@ def gather(
         return jnp.zeros((0, cols), table.dtype)
     local_n = n // shards
     lanes = register_width(jnp.int32, chip)
-    groups = -(-local_n // lanes)
-    padded = groups * lanes
     workers = sc_mesh.num_workers
     subcores = sc_mesh.num_subcores
     size = itemsize(table.dtype)
+    by_index = method == "dma" and indexed(cols, table.dtype)
+    if not by_index:
+        group = lanes
+    else:
+        vmem = sc_mesh.chip.sparsecore.vmem_bytes_per_subcore if sc_mesh.chip.sparsecore else 0
+        group = group_rows(local_n, cols * size, lanes, workers, vmem)
+    groups = -(-local_n // group)
+    padded = groups * group
     staged = rows * cols * size if method == "vmem" else 0
     check_fits(
-        staged + 2 * (lanes * cols * size + lanes * 4) + 64,
+        staged + 2 * (group * cols * size + group * 4) + 64,
         chip,
         "sparsecore_vmem",
-        what=f"gather's two row buffers ({lanes} rows of {cols} {table.dtype} each)"
+        what=f"gather's two row buffers ({group} rows of {cols} {table.dtype} each)"
         + (f" and the staged table ({rows} rows, method='vmem')" if staged else ""),
     )
 
@@ -154,36 +187,44 @@ def gather(
             vmem_body(idx_hbm, t_hbm, o_hbm, idx_v, buf, tab_v[0], start, count)
             return
 
-        def fetch(i: Any, slot: Any) -> None:
-            """Start the row DMAs of this subcore's group ``i`` into buffer ``slot``."""
-            pltpu.sync_copy(idx_hbm.at[pl.ds((start + i) * lanes, lanes)], idx_v.at[slot])
-            vec = idx_v[slot]
-            for k in range(lanes):
-                pltpu.async_copy(
-                    t_hbm.at[pl.ds(vec[k], 1)], buf.at[slot, pl.ds(k, 1)], sem.at[slot]
-                )
-
-        def wait(slot: Any) -> None:
-            for k in range(lanes):
+        def rows_of(slot: Any, *, started: bool = False) -> list[Any]:
+            """The DMAs bringing the rows named in ``idx_v[slot]`` into ``buf[slot]``: one
+            indexed DMA, or one per row, each reading its index from a register (a wait for
+            those needs only their sizes, not the indices again)."""
+            if by_index:
+                return [pltpu.make_async_copy(t_hbm.at[idx_v.at[slot]], buf.at[slot], sem.at[slot])]
+            vec = None if started else idx_v[slot]
+            return [
                 pltpu.make_async_copy(
-                    t_hbm.at[pl.ds(0, 1)], buf.at[slot, pl.ds(k, 1)], sem.at[slot]
-                ).wait()
+                    t_hbm.at[pl.ds(0 if vec is None else vec[k], 1)],
+                    buf.at[slot, pl.ds(k, 1)],
+                    sem.at[slot],
+                )
+                for k in range(group)
+            ]
+
+        def fetch(i: Any, slot: Any) -> None:
+            pltpu.sync_copy(idx_hbm.at[pl.ds((start + i) * group, group)], idx_v.at[slot])
+            for copy in rows_of(slot):
+                copy.start()
 
         @pl.when(count > 0)
         def _first() -> None:
             fetch(0, 0)
 
-        # Double-buffered: group i+1's rows are in flight while group i is written out.
+        # Double-buffered: group i+1's rows are in flight while group i is written out. Its
+        # index slot is reused only after the DMA reading it has been waited for.
         @pl.loop(0, count)
         def _group(i: Any) -> None:
             slot = i % 2
-            wait(slot)
+            for copy in rows_of(slot, started=True):
+                copy.wait()
 
             @pl.when(i + 1 < count)
             def _next() -> None:
                 fetch(i + 1, 1 - slot)
 
-            pltpu.sync_copy(buf.at[slot], o_hbm.at[pl.ds((start + i) * lanes, lanes)])
+            pltpu.sync_copy(buf.at[slot], o_hbm.at[pl.ds((start + i) * group, group)])
 
     def vmem_body(
         idx_hbm: Any,
@@ -227,8 +268,8 @@ def gather(
             out_type=jax.ShapeDtypeStruct((padded, tab.shape[1]), tab.dtype),
             mesh=sc_mesh.pallas_mesh(),
             scratch_types=[
-                pltpu.VMEM((2, lanes), jnp.int32),
-                pltpu.VMEM((2, lanes, tab.shape[1]), tab.dtype),
+                pltpu.VMEM((2, group), jnp.int32),
+                pltpu.VMEM((2, group, tab.shape[1]), tab.dtype),
                 pltpu.SemaphoreType.DMA((2,)),
                 *([pltpu.VMEM(tab.shape, tab.dtype)] if method == "vmem" else []),
             ],
