@@ -36,6 +36,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from coremesh.core import dma
 from coremesh.core.chips import CHIPS, Chip, get_chip
 from coremesh.core.dtypes import check_matmul_dtypes, check_operand_dtype
 from coremesh.core.errors import (
@@ -380,17 +381,15 @@ def _sparsecore_layout(_m: re.Match[str], ctx: _Context) -> DiagnosedError:
 
 
 def _indexed_dma(m: re.Match[str], ctx: _Context) -> DiagnosedError:
-    from coremesh.core.dma import DTYPE_RULE, FIX, ROW_RULE
-
     if m.groupdict().get("size") is None:
         return CompilerUnsupportedError(
             f"{ctx.where} moves 16-bit or 8-bit elements by an indexed DMA (table.at[idx_ref])",
             compiler_message=ctx.text,
             kind="indexed_dma_dtype",
             program=ctx.program,
-            rule=DTYPE_RULE,
+            rule=dma.DTYPE_RULE,
             chip=ctx.chip.name,
-            fix=FIX,
+            fix=dma.FIX,
         )
     return CompilerLayoutError(
         f"{ctx.where} moves rows of {m.group('size')} 32-bit elements by an indexed DMA "
@@ -398,9 +397,9 @@ def _indexed_dma(m: re.Match[str], ctx: _Context) -> DiagnosedError:
         compiler_message=ctx.text,
         kind="indexed_dma_row",
         program=ctx.program,
-        rule=ROW_RULE,
+        rule=dma.ROW_RULE,
         chip=ctx.chip.name,
-        fix=FIX,
+        fix=dma.FIX,
     )
 
 
