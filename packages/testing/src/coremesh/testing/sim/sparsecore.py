@@ -225,8 +225,9 @@ def _index_vector(ref: Any) -> tuple[Any, Any] | None:
     return state_types.TransformedRef(ref.ref, transforms[:-1]), last
 
 
-def _indexed_dma(eqn: Any) -> NotSimulatedError | None:
-    """The error for a DMA the simulator cannot run, else None."""
+def _dma_refusal(eqn: Any) -> NotSimulatedError | None:
+    """The error for a DMA the simulator cannot run, else None. An indexed DMA that Mosaic
+    refuses raises Mosaic's coremesh error here instead."""
     if eqn.primitive is not tpu_primitives.dma_start_p:
         return None
     if eqn.params.get("add"):
@@ -332,7 +333,7 @@ def rewrite(jaxpr: Any, axis_env: Sequence[tuple[Any, int]]) -> tuple[Any, list[
         if jaxpr in _cache:
             return _cache[jaxpr]
     for eqn in jaxpr.eqns:
-        err = refusal(eqn.primitive) or _indexed_dma(eqn)
+        err = refusal(eqn.primitive) or _dma_refusal(eqn)
         if err is not None:
             raise err
     if not any(_rule(eqn) is not None for eqn in jaxpr.eqns):
