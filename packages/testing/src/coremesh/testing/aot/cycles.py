@@ -202,6 +202,8 @@ class CycleEstimate:
     error: Mapping[str, Any] | None = None
     #: ``ops`` were read from the dump after the child died mid-program: only those it got to.
     partial: bool = False
+    #: Bytes XLA copies into VMEM by copy-start (cross-program prefetches and copies inside the
+    #: program, ``aot.hlo``): the profile has no operation for them, so ``cycles`` leaves them out.
     prefetch_bytes: int = 0
 
     @property
@@ -235,7 +237,7 @@ class CycleEstimate:
 
     @property
     def prefetch_seconds(self) -> float | None:
-        """The uncounted cross-program prefetch (``aot.hlo``) at the device's HBM bandwidth."""
+        """The uncounted copies into VMEM (``aot.hlo``) at the device's HBM bandwidth."""
         if self.roofline is None:
             return None
         return self.prefetch_bytes / self.roofline.hbm_bytes_per_s
@@ -749,10 +751,10 @@ def run_job(job: Mapping[str, Any]) -> None:
 
 
 def _prefetch_bytes(compiled: Any) -> int:
-    from coremesh.testing.aot.hlo import cross_program_prefetch_bytes
+    from coremesh.testing.aot.hlo import vmem_copy_bytes
 
     try:
-        return cross_program_prefetch_bytes(compiled.as_text())
+        return vmem_copy_bytes(compiled.as_text())
     except Exception:  # the HLO text is best effort, as cost analysis is
         return 0
 
