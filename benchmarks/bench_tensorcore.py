@@ -170,12 +170,12 @@ def _row(e: Any, xla: dict[tuple[str, str], Any], bounds: dict[str, Any]) -> dic
     # combines devices' row sums, reshapes), as XLA's includes its all-reduce.
     kc, xc = e.cycles, (x.cycles if x is not None else None)
     seconds = cycles_to_seconds(kc, e.chip) if kc else None
-    # libtpu's static profile charges nothing for XLA's cross-program prefetch into VMEM
-    # (coremesh.testing.aot.hlo); charged: the prefetched bytes at HBM bandwidth, both sides.
+    # libtpu's static profile charges nothing for XLA's copies into VMEM (its cross-program
+    # prefetch, coremesh.testing.aot.hlo); charged: those bytes at HBM bandwidth, both sides.
     k_charged = e.charged_seconds()
     x_charged = x.charged_seconds() if x is not None else None
     # Held to the roofline: neither side may beat the bound both compute the same thing under;
-    # the static model can (it does not cap concurrent DMAs, nor charge prefetches).
+    # the static model can (it does not cap concurrent DMAs, nor charge copies into VMEM).
     floor = e.roofline.bound_s if e.roofline else None
     x_seconds = cycles_to_seconds(xc, e.chip) if xc else None
     held = max(seconds, floor) / max(x_seconds, floor) if seconds and x_seconds and floor else None
@@ -225,11 +225,11 @@ def main(argv: list[str] | None = None) -> int:
         "Per device, benchmark sizes (>= 8 MiB moved per device). `kernel/XLA` compares the",
         f"coremesh kernel with XLA's own jnp version (target <= {XLA_TARGET}); `vs roofline` is",
         "the kernel's time over the registry's roofline bound. libtpu's static profile charges",
-        "nothing for a cross-program prefetch (XLA copying a parameter into VMEM before the",
-        "program starts); `prefetch MiB` is what XLA prefetched for its version (kernel's in",
+        "nothing for XLA's copies into VMEM (a cross-program prefetch before the program, or a",
+        "copy-start inside it); `prefetch MiB` is what XLA copied in for its version (kernel's in",
         "brackets), and `charged` compares the two with those bytes charged at HBM bandwidth.",
         "`held` compares them with each held to the roofline bound (the model can go below it:",
-        "it caps neither concurrent DMAs at HBM bandwidth nor charges prefetches).",
+        "it caps neither concurrent DMAs at HBM bandwidth nor charges copies into VMEM).",
         "`kernel/XLA copy` (gathers only) compares with XLA copying the same bytes as one",
         "contiguous run: the nearest XLA figure where libtpu cannot profile XLA's gather. It is",
         "context, not a target and not a bound (`XLA/copy` in the JSON: XLA's gather of 64-row",
