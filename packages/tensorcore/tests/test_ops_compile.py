@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -45,15 +46,40 @@ LIMITS = {
 }
 
 
+UNPINNED = textwrap.dedent(
+    """
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+    from coremesh.tensorcore import backend
+    from coremesh.tensorcore.ops.matmul import matmul
+    from coremesh.testing.aot import Arg, jitted_program
+
+    backend.PIN_BYTES = 1 << 62  # operands left anywhere, as a bare pl.kernel leaves them
+
+    def args(n):
+        return [Arg((2048 * n, 2048), jnp.bfloat16, P("device", None)),
+                Arg((2048, 2048), jnp.bfloat16)]
+
+    RAISED = jitted_program(lambda a, b: matmul(a, b, vmem_limit_bytes=40 << 20), args,
+                            name="unpinned_raised")
+    """
+)
+
+
 @pytest.mark.aot
-def test_a_raised_vmem_limit_libtpu_overcommits_under_its_profile_is_diagnosed() -> None:
-    # With its static profile on, libtpu 0.0.52 fails the resident-b matmul on TPU7x with a
-    # 40 MiB scoped limit (XLA also prefetches operands into VMEM and overcommits it); the op's
-    # own choice (the default limit here) profiles. The error names both shares and the fix.
+def test_a_raised_vmem_limit_profiles_with_operands_pinned_to_hbm(tmp_path: Any) -> None:
+    # Operands left anywhere, XLA copies them into VMEM before the kernel on TPU7x, and with a
+    # 40 MiB scoped limit libtpu 0.0.52's profile then runs out of VMEM: the diagnosis names
+    # both shares and the fix. Pinned to HBM (what TensorCoreKernel does), both limits profile.
+    module = tmp_path / "unpinned_matmul.py"
+    module.write_text(UNPINNED)
+    (unpinned,) = profile([f"{module}:RAISED"], ["TPU7x"], devices=4, include_xla=False)
+    assert unpinned.status == "failed" and unpinned.error is not None
+    assert unpinned.error["kind"] == "vmem_program"
+    assert "XLA's own buffers" in unpinned.error["what"]
+    assert "vmem_limit_bytes" in unpinned.error["fix"]
     refs = [f"{__file__}:LIMITS[{name}]" for name in LIMITS]
     default, raised = profile(refs, ["TPU7x"], devices=4, jobs=1, include_xla=False)
-    assert default.status == "ok" and default.kernel_cycles
-    assert raised.status == "failed" and raised.error is not None
-    assert raised.error["kind"] == "vmem_program"
-    assert "XLA's own buffers" in raised.error["what"]
-    assert "vmem_limit_bytes" in raised.error["fix"]
+    assert default.status == raised.status == "ok"
+    assert default.kernel_cycles and raised.kernel_cycles
+    assert default.prefetch_bytes == raised.prefetch_bytes == 0

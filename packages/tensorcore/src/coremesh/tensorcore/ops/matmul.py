@@ -231,10 +231,9 @@ def _resident(
         + core_mesh.cores * k * n * jnp.dtype(b_dtype).itemsize
         + m * n * jnp.dtype(out_dtype).itemsize,
     )
-    # Raise the scoped VMEM limit only when the plan needs it: compiled with libtpu's static
-    # profile on (coremesh profile, the benchmarks), libtpu 0.0.52 fails this kernel on TPU7x
-    # with a 32 or 40 MiB limit (XLA also prefetches the operands into VMEM and overcommits it);
-    # the default limit profiles, and a plain compile takes either.
+    # Raise the scoped VMEM limit only when the plan needs it, leaving VMEM to XLA otherwise.
+    # (Before operands were pinned to HBM, XLA copied them into VMEM too, and libtpu 0.0.52's
+    # static profile failed this kernel on TPU7x with a 32 or 40 MiB limit.)
     chip = core_mesh.chip
     wanted = plan.vmem_bytes * 5 // 4
     options = (
