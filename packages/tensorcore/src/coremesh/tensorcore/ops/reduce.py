@@ -45,7 +45,7 @@ def _acc_dtype(dtype: Any) -> Any:
 
 #: Least bytes per DMA when a block is fetched as several at once, and the most DMAs per block
 #: along rows and along columns.
-STREAM_BYTES, MAX_STREAMS, MAX_STREAMS_COLUMNS = 256 << 10, 4, 16
+STREAM_BYTES, MAX_STREAMS, MAX_STREAMS_COLUMNS = 256 << 10, 4, 8
 
 
 def _streams(br: int, bc: int, dtype: Any, *, lanes: bool) -> int:
@@ -54,8 +54,9 @@ def _streams(br: int, bc: int, dtype: Any, *, lanes: bool) -> int:
     One DMA per block leaves HBM idle while it is issued and drained; several in flight keep it
     busy, and libtpu's static estimates (which do not cap their sum at the HBM bandwidth) fall
     by 1.6-2.5x with 2-4 of them. Along rows more than 4 gain nothing (v5p and TPU7x lose);
-    along columns, where each sub-block keeps 128 rows (they become output lanes), 16 beat 4
-    by 4-30% on every chip. Row sub-blocks keep 32 rows, any dtype's sublane tile.
+    along columns, where each sub-block keeps 128 rows (they become output lanes), 8 beat 4 by
+    8-26% (TPU7x 4529 -> 4165 cycles for 16 MiB; 16 give 4401). Row sub-blocks keep 32 rows,
+    any dtype's sublane tile.
     """
     unit, most = (128, MAX_STREAMS_COLUMNS) if lanes else (32, MAX_STREAMS)
     block = br * bc * itemsize(dtype)
@@ -74,21 +75,16 @@ def _identity(op: str, dtype: Any) -> Any:
     return info.min if op == "max" else info.max
 
 
-def _grow_rows(
-    br: int, bc: int, rows: int, item: int, cores: int, chip: Chip, *, lanes: bool
-) -> int:
-    """Block rows doubled up to a share of the scoped VMEM per block, keeping the row split.
+def _grow_rows(br: int, bc: int, rows: int, item: int, cores: int, chip: Chip) -> int:
+    """Block rows doubled up to a quarter of the scoped VMEM per block, keeping the row split.
 
     A reduction reads each byte once and does one op on it, so only the pipeline's per-step
-    overhead is left to cut: libtpu's static estimates charge v5e, v5p and v6e about 500 cycles
-    a step, and there 4-8 MiB blocks (a quarter of scoped VMEM) beat choose_block's 1-2 MiB by
-    10-25%. Along rows on TPU7x blocks past 2 MiB (a sixteenth) cost more: the first DMA and
-    the last fold are exposed. Along columns a quarter is best everywhere once a block arrives
-    as 16 DMAs (TPU7x: 5596 cycles for 16 MiB against 8272 with 2 MiB blocks in 4 DMAs).
+    overhead is left to cut: libtpu's static estimates charge about 500 cycles a step, and 4-8
+    MiB blocks beat choose_block's 1-2 MiB by 10-25% on v5e, v5p and v6e, and on TPU7x by 13%
+    along rows and 40% along columns (with operands pinned to HBM; see TensorCoreKernel).
     """
     per_core = rows // cores if rows % (cores * br) == 0 else rows
-    share = 16 if chip.generation >= 7 and not lanes else 4
-    budget = chip.scoped_vmem_default_bytes // share
+    budget = chip.scoped_vmem_default_bytes // 4
     while 2 * br * bc * item <= budget and per_core % (2 * br) == 0:
         br *= 2
     return br
@@ -132,7 +128,7 @@ def reduce(
         row_align=128 if axis in (1, -1) else 1,
     )
     columns = axis in (1, -1)
-    br = _grow_rows(br, bc, local_rows, itemsize(x.dtype), core_mesh.cores, chip, lanes=columns)
+    br = _grow_rows(br, bc, local_rows, itemsize(x.dtype), core_mesh.cores, chip)
     streams = _streams(br, bc, x.dtype, lanes=columns)
     cost = CostEstimate(
         flops=local_rows * cols, bytes_accessed=local_rows * cols * x.dtype.itemsize
