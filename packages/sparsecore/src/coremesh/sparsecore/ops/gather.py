@@ -163,7 +163,7 @@ def gather(
     if not by_index:
         group = lanes
     else:
-        vmem = sc_mesh.chip.sparsecore.vmem_bytes_per_subcore if sc_mesh.chip.sparsecore else 0
+        vmem = sc_mesh.spec.vmem_bytes_per_subcore
         group = group_rows(local_n, cols * size, lanes, workers, vmem)
     groups = -(-local_n // group)
     padded = groups * group
