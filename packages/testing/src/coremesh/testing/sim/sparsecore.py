@@ -225,6 +225,22 @@ def _index_vector(ref: Any) -> tuple[Any, Any] | None:
     return state_types.TransformedRef(ref.ref, transforms[:-1]), last
 
 
+def _indexed_side(src: Any, dst: Any) -> tuple[Any, Any, bool] | None:
+    """(view, indexer, whether it gathers) for a DMA indexed by a vector on one side, None
+    for a plain DMA; refuses the forms the rule does not handle."""
+    gather, scatter = _index_vector(src), _index_vector(dst)
+    if gather is not None and scatter is not None:
+        raise _not_simulated(
+            "an indexed DMA with index vectors on both sides",
+            "only one side of a simulated DMA may be indexed by a vector",
+        )
+    if gather is not None:
+        return (*gather, True)
+    if scatter is not None:
+        return (*scatter, False)
+    return None
+
+
 def _dma_refusal(eqn: Any) -> NotSimulatedError | None:
     """The error for a DMA the simulator cannot run, else None. An indexed DMA that Mosaic
     refuses raises Mosaic's coremesh error here instead."""
@@ -237,17 +253,12 @@ def _dma_refusal(eqn: Any) -> NotSimulatedError | None:
         )
     src, dst, *_ = eqn.params["tree"].unflatten(eqn.invars)
     try:
-        gather, scatter = _index_vector(src), _index_vector(dst)
+        indexed = _indexed_side(src, dst)
     except NotSimulatedError as err:
         return err
-    if gather is not None and scatter is not None:
-        return _not_simulated(
-            "an indexed DMA with index vectors on both sides",
-            "only one side of a simulated DMA may be indexed by a vector",
-        )
-    indexed = gather if gather is not None else scatter
     if indexed is not None:
-        _check_like_mosaic(*indexed, "source" if gather is not None else "destination")
+        view, indexer, gathers = indexed
+        _check_like_mosaic(view, indexer, "source" if gathers else "destination")
     return None
 
 
@@ -256,8 +267,8 @@ def _check_like_mosaic(view: Any, indexer: Any, side: str) -> None:
     from coremesh.core import current_target
     from coremesh.core.dma import check_indexed_dma
 
-    last = indexer.indices[-1] if len(indexer.indices) > 1 else 1
-    row = last.size if isinstance(last, indexing.Slice) else 1
+    last = indexer.indices[-1]
+    row = last.size if len(indexer.indices) > 1 and isinstance(last, indexing.Slice) else 1
     dtype = view.ref.aval.dtype
     check_indexed_dma(f"an indexed DMA whose {side}", dtype, row, current_target().chip)
 
@@ -266,7 +277,7 @@ def _is_indexed_dma(eqn: Any) -> bool:
     if eqn.primitive is not tpu_primitives.dma_start_p:
         return False
     src, dst, *_ = eqn.params["tree"].unflatten(eqn.invars)
-    return _index_vector(src) is not None or _index_vector(dst) is not None
+    return _indexed_side(src, dst) is not None
 
 
 def _row_view(view: Any, indexer: Any, row: Any) -> Any:
@@ -279,17 +290,16 @@ def _indexed_copy(
 ) -> Sequence[Any]:
     """An indexed DMA as one row DMA per index, all on the DMA's semaphores."""
     src, dst, dst_sem, src_sem, device_id = tree.unflatten(flat_args)
-    gather, scatter = _index_vector(src), _index_vector(dst)
-    indexed = gather if gather is not None else scatter
+    indexed = _indexed_side(src, dst)
     assert indexed is not None  # _rule chose this rule for an indexed DMA
-    view, indexer = indexed
+    view, indexer, gathers = indexed
     rows = indexer.indices[0][...]
-    what = "an indexed DMA " + ("source" if gather is not None else "destination")
+    what = "an indexed DMA " + ("source" if gathers else "destination")
     _checked(what, (view.shape[0],), [rows], None)
 
     def one(k: Any, carry: Any) -> Any:
         row = rows[k]
-        if gather is not None:
+        if gathers:
             s, d = _row_view(view, indexer, row), dst.at[pl.ds(k, 1)]
         else:
             s, d = src.at[pl.ds(k, 1)], _row_view(view, indexer, row)
