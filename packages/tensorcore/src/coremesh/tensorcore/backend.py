@@ -16,23 +16,28 @@ class TensorCoreKernel(PallasKernel):
     """A kernel over a TensorCore mesh, built with ``pl.kernel``.
 
     Its array operands of at least 1 MiB are pinned to HBM. ``pl.kernel`` operands may live
-    anywhere, and on
-    TPU7x XLA copies one that fits into VMEM before the kernel (an in-program ``copy-start``),
-    so the kernel's DMAs then run VMEM to VMEM after a serial 16 MiB copy that libtpu's static
-    profile does not even charge. Pinned, the kernel streams from HBM as written, and estimates
-    lower too (TPU7x, 16 MiB: map_blocks 11104 -> 8752 cycles, reduce along columns 5596 ->
-    4401). Smaller operands are left alone: XLA may give a tiny one SMEM by layout (TPU7x does
-    for a scalar-prefetch int32[1]), and a pin then conflicts ("backend_config-specified color
-    S(0) conflicts with existing color S(6)"); copying them costs little anyway.
+    anywhere, and on TPU7x XLA copies one that fits into VMEM before the kernel (an in-program
+    ``copy-start``), so the kernel's DMAs then run VMEM to VMEM after a serial 16 MiB copy that
+    libtpu's static profile does not even charge. Pinned, the kernel streams from HBM as
+    written, and estimates lower too (TPU7x, 16 MiB: map_blocks 11104 -> 8752 cycles, reduce
+    along columns 5596 -> 4401). Smaller operands are left alone: XLA may give a tiny one SMEM
+    by layout (TPU7x does for a scalar-prefetch int32[1]), and a pin then conflicts
+    ("backend_config-specified color S(0) conflicts with existing color S(6)"); copying them
+    costs little anyway.
     """
 
     backend_name = "tensorcore"
     kinds = frozenset({CoreKind.TENSOR})
 
-    def __call__(self, *args: Any) -> Any:
+    def __init__(self, spec: KernelSpec) -> None:
+        super().__init__(spec)
         # Under jit, so the pinned values (their type names HBM) never reach an op outside the
         # kernel: eager shard_map applies each primitive on its own and rejects such a type.
-        return _pinned(super().__call__)(*args)
+        # Built once, so eager calls reuse jit's cache instead of tracing a new function each.
+        self._pinned_call = _pinned(super().__call__)
+
+    def __call__(self, *args: Any) -> Any:
+        return self._pinned_call(*args)
 
 
 def _pinned(call: Any) -> Any:
