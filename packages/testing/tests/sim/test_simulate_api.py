@@ -14,7 +14,7 @@ from jax.experimental.pallas import tpu_sc as plsc
 from coremesh.core.chips import get_chip
 from coremesh.core.errors import ChipError, CoremeshError, MeshError, UnsupportedOnChipError
 from coremesh.core.targets import Target, current_target
-from coremesh.testing.sim import JAX_VERSION, PATCH_NAMES, Simulator, patches, simulate
+from coremesh.testing.sim import PATCH_NAMES, Simulator, patches, simulate
 
 pytestmark = pytest.mark.sim
 
@@ -169,11 +169,21 @@ def test_devices_exist_only_inside() -> None:
         assert len(sim.devices) == 2
 
 
-def test_patches_are_written_for_one_jax_version() -> None:
-    assert jax.__version__ == JAX_VERSION
-    patches.check_jax_version(JAX_VERSION)
-    with pytest.raises(CoremeshError, match=r"supports jax 0\.10\.2, and jax 0\.11\.0"):
-        patches.check_jax_version("0.11.0")
+def test_jax_versions_outside_the_tested_range() -> None:
+    import warnings
+
+    from coremesh.core import jax_versions
+    from coremesh.core.errors import CoremeshWarning
+
+    for tested in jax_versions.TESTED:
+        patches.check_jax_version(tested)
+    with pytest.raises(CoremeshError, match=r"jax 0\.9\.1 is installed.*at least jax 0\.10\.2"):
+        patches.check_jax_version("0.9.1")
+    with pytest.warns(CoremeshWarning, match=r"jax 0\.13\.0 is newer.*0\.10\.2 to 0\.12\.0\.1"):
+        patches.check_jax_version("0.13.0")
+    with warnings.catch_warnings():  # once per version
+        warnings.simplefilter("error")
+        patches.check_jax_version("0.13.0")
     assert set(PATCH_NAMES) == {name for name, _ in patches.describe()}
 
 

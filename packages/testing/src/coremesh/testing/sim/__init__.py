@@ -18,7 +18,7 @@ if TYPE_CHECKING:
         SimulationDeadlock,
         SimulationRaceError,
     )
-    from coremesh.testing.sim.patches import JAX_VERSION, PATCH_NAMES
+    from coremesh.testing.sim.patches import PATCH_NAMES
     from coremesh.testing.sim.simulator import SimParams, Simulator, simulate
 
 _WHERE = {
@@ -27,7 +27,6 @@ _WHERE = {
     "NotSimulatedError": "errors",
     "SimulationDeadlock": "errors",
     "SimulationRaceError": "errors",
-    "JAX_VERSION": "patches",
     "PATCH_NAMES": "patches",
     "SimParams": "simulator",
     "Simulator": "simulator",
@@ -36,7 +35,6 @@ _WHERE = {
 
 __all__ = [
     "DEFAULT_DEADLINE_S",
-    "JAX_VERSION",
     "PATCH_NAMES",
     "NotSimulatedError",
     "SimParams",

@@ -23,25 +23,14 @@ from typing import Any
 import jax
 import numpy as np
 
+from coremesh.core import jax_versions
 from coremesh.core.dtypes import check_operand_dtype
 from coremesh.core.errors import CoremeshError, MeshError, UnsupportedOnChipError
 from coremesh.testing.sim.deadlock import WATCHDOG
 
-#: The jax release these patches are written against.
-JAX_VERSION = "0.10.2"
-
-
 def check_jax_version(version: str | None = None) -> None:
-    """Refuse to patch a jax whose internals the patches were not written for."""
-    found = jax.__version__ if version is None else version
-    if found != JAX_VERSION:
-        raise CoremeshError(
-            f"the CPU simulator supports jax {JAX_VERSION}, and jax {found} is installed",
-            rule="the simulator patches Pallas' TPU interpreter internals, which change between "
-            "jax releases",
-            fix=f"install jax=={JAX_VERSION} jaxlib=={JAX_VERSION} (coremesh's constraints "
-            "file pins them)",
-        )
+    """Refuse a jax older than coremesh supports; warn about one newer than it is tested on."""
+    jax_versions.check(version)
 
 
 # ------------------------------------------------------------------------------------------
