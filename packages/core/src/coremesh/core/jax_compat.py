@@ -4,46 +4,69 @@ Every coremesh package builds TensorCore meshes and reads chip tables through th
 instead of testing for attributes itself (:mod:`coremesh.core.jax_versions` has the lines).
 The simulator's hooks into jax internals have their own module in ``coremesh.testing``.
 
-=====================================  =========================  ===============================
-what                                    jax 0.10.2                 jax 0.11 and later
-=====================================  =========================  ===============================
-a TensorCore mesh                       ``create_tensorcore_mesh``  ``TensorCoreMesh(axis_name=,
-                                                                    num_cores=)`` (the old name
-                                                                    warns; gone from the docs)
-the chip table (``TpuInfo`` registry)  ``pallas.mosaic.tpu_info``  ``jax._src.tpu_info`` (the old
-                                                                    module forwards)
-=====================================  =========================  ===============================
+What differs, and where coremesh handles it:
 
-Semaphores are ``pl.semaphore_*`` on every line (``pltpu.semaphore_*`` went in 0.11), and a mesh's
-core count is ``mesh.shape[axis]`` on every line (``mesh.devices`` went in 0.11).
+- A TensorCore mesh: ``pltpu.create_tensorcore_mesh(axis, num_cores=)`` on 0.10.2; from 0.11 the
+  keyword-only ``pltpu.TensorCoreMesh(axis_name=, num_cores=)`` (the old name warns with a
+  DeprecationWarning). :func:`tensorcore_mesh`.
+- A mesh's core count: ``len(mesh.devices)`` on 0.10.2 only; ``mesh.shape[axis]`` on every line.
+  :func:`mesh_cores`.
+- The chip table (``TpuInfo``, ``registry``, ``get_tpu_info``): ``jax._src.pallas.mosaic.tpu_info``
+  on 0.10.2, ``jax._src.tpu_info`` from 0.11 (the old module forwards). :func:`tpu_info_module`.
+  The figures for v4, v5e, v5p, v6e and TPU7x are the same on 0.10.2, 0.11.2 and 0.12.0.1.
+
+Spelled one way on every line, so nothing here: semaphores are ``pl.semaphore_*``
+(``pltpu.semaphore_*`` and ``pltpu.DeviceIdType`` went in 0.11; ``pl.DeviceIdType`` warns from
+0.12, and ``device_id_type`` is best left at its default); kernels are ``pl.kernel`` with the
+same signature (``pl.core_map`` warns from 0.11).
 """
 
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 from typing import Any
 
 from coremesh.core import jax_versions
+from coremesh.core.errors import MeshError
 
 #: The first jax whose public TensorCore mesh is the ``TensorCoreMesh`` dataclass.
 TENSORCORE_MESH_CLASS_SINCE = "0.11.0"
+#: The first jax that keeps the chip table in ``jax._src.tpu_info`` (the old module forwards).
+TPU_INFO_MOVED_IN = "0.11.0"
 
 
 def tensorcore_mesh(axis_name: str = "core", num_cores: int | None = None) -> Any:
-    """A Pallas TensorCore mesh over ``num_cores`` cores (the device's own count if None)."""
+    """A Pallas TensorCore mesh over ``num_cores`` cores (the device's own count if None).
+
+    The default reads ``num_cores`` of the first jax device (or of the abstract mesh's device);
+    a CPU device has none, so outside a TPU or a simulated one pass ``num_cores``.
+    """
     from jax.experimental.pallas import tpu as pltpu
 
-    if jax_versions.at_least(TENSORCORE_MESH_CLASS_SINCE):
-        if num_cores is None:
-            return pltpu.TensorCoreMesh(axis_name=axis_name)  # reads jax.devices()[0]
-        return pltpu.TensorCoreMesh(axis_name=axis_name, num_cores=num_cores)
-    return pltpu.create_tensorcore_mesh(axis_name, num_cores=num_cores)
+    try:
+        if jax_versions.at_least(TENSORCORE_MESH_CLASS_SINCE):
+            if num_cores is None:
+                return pltpu.TensorCoreMesh(axis_name=axis_name)  # reads jax.devices()[0]
+            return pltpu.TensorCoreMesh(axis_name=axis_name, num_cores=num_cores)
+        return pltpu.create_tensorcore_mesh(axis_name, num_cores=num_cores)
+    except AttributeError as e:
+        if num_cores is not None or e.name != "num_cores":
+            raise
+        import jax
+
+        raise MeshError(
+            f"the default jax device ({jax.devices()[0].device_kind}) has no TensorCores",
+            rule="a TensorCore mesh without num_cores spans the cores of the default device",
+            fix="pass num_cores, or build the mesh on a TPU or inside coremesh.testing.simulate",
+        ) from e
 
 
-def tensorcore_mesh_class() -> type:
+def tensorcore_mesh_class() -> type[Any]:
+    """The class of Pallas TensorCore meshes on the installed jax (for ``isinstance``)."""
     from jax._src.pallas.mosaic import core as mosaic_core
 
-    cls: type = mosaic_core.TensorCoreMesh
+    cls: type[Any] = mosaic_core.TensorCoreMesh
     return cls
 
 
@@ -54,8 +77,6 @@ def mesh_cores(mesh: Any) -> int:
 
 def tpu_info_module() -> ModuleType:
     """The module whose ``registry`` and ``get_tpu_info`` jax reads the chip table from."""
-    if jax_versions.at_least("0.11.0"):
-        from jax._src import tpu_info
-    else:
-        from jax._src.pallas.mosaic import tpu_info  # type: ignore[no-redef]
-    return tpu_info
+    if jax_versions.at_least(TPU_INFO_MOVED_IN):
+        return importlib.import_module("jax._src.tpu_info")
+    return importlib.import_module("jax._src.pallas.mosaic.tpu_info")
