@@ -1,14 +1,23 @@
-"""The chip registry against jax's own hardware table and its own invariants."""
+"""The chip registry against jax's own hardware table and its own invariants.
+
+jax's table is read where the installed jax keeps it (``jax_compat.tpu_info_module()``). For the
+five chips coremesh knows, every ``TpuInfo`` field in every core mode is the same in jax 0.10.2,
+0.11.2 and 0.12.0.1 (0.11 added the 8t chip and reworded the TPU7x matmul rule without changing
+which pairs it accepts), so one set of expectations holds on every tested line.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import numbers
 
+import jax.numpy as jnp
 import pytest
-from jax._src.pallas.mosaic import tpu_info
 
-from coremesh.core import CHIPS, ChipError, get_chip
+from coremesh.core import CHIPS, ChipError, UnsupportedOnChipError, get_chip, jax_compat
+from coremesh.core.dtypes import check_matmul_dtypes
+
+tpu_info = jax_compat.tpu_info_module()
 
 _JAX_VERSION = {
     "v4": tpu_info.ChipVersion.TPU_V4,
@@ -57,6 +66,40 @@ def test_registry_matches_jax_table(name: str) -> None:
         )
         assert sc.vmem_capacity_bytes == chip.sparsecore.vmem_bytes_per_subcore
         assert sc.dma_granule_size_bytes == chip.sparsecore.dma_granule_bytes
+
+
+#: Every dtype a TPU holds; the matmul check and jax must agree on each ordered pair.
+_MATMUL_DTYPES = (
+    "float32",
+    "bfloat16",
+    "float16",
+    "int32",
+    "int8",
+    "uint8",
+    "int4",
+    "uint4",
+    "float8_e5m2",
+    "float8_e4m3fn",
+    "float8_e4m3b11fnuz",
+)
+
+
+@pytest.mark.parametrize("name", list(CHIPS))
+def test_matmul_dtypes_match_jax_table(name: str) -> None:
+    chip = get_chip(name)
+    info = tpu_info.get_tpu_info_for_chip(_JAX_VERSION[name], chip.default_cores_per_device)
+    accepted = 0
+    for lhs in _MATMUL_DTYPES:
+        for rhs in _MATMUL_DTYPES:
+            theirs = bool(info.is_matmul_supported(jnp.dtype(lhs), jnp.dtype(rhs)))
+            try:
+                check_matmul_dtypes(jnp.dtype(lhs), jnp.dtype(rhs), chip)
+                ours = True
+            except UnsupportedOnChipError:
+                ours = False
+            assert ours == theirs, (lhs, rhs)
+            accepted += ours
+    assert accepted >= 4  # float32/bfloat16 x float32/bfloat16 at least
 
 
 @pytest.mark.parametrize("name", list(CHIPS))

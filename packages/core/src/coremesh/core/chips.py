@@ -17,7 +17,9 @@ KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 
-JAX_TABLE = "jax 0.10.2 jax/_src/pallas/mosaic/tpu_info.py"
+#: jax's TpuInfo table; these chips' entries are identical in jax 0.10.2
+#: (jax/_src/pallas/mosaic/tpu_info.py), 0.11.2 and 0.12.0.1 (jax/_src/tpu_info.py).
+JAX_TABLE = "jax's TpuInfo table (jax/_src/tpu_info.py, same figures in jax 0.10.2 to 0.12.0.1)"
 CLOUD_DOCS = "Cloud TPU system architecture docs"
 AOT_MEASURED = "measured with libtpu 0.0.52 (research/AOT_COMPILE.md)"
 
@@ -202,7 +204,7 @@ _CHIPS: tuple[Chip, ...] = (
             clock_hz="TPU v4 paper (arXiv 2304.01433): 1050 MHz",
             ici_bytes_per_s=CLOUD_DOCS + ": 2400 Gbps per chip",
             sparsecore="v4 SparseCores serve embeddings only and are not programmable from "
-            "Pallas (jax 0.10.2 lists none)",
+            "Pallas (jax's TpuInfo table lists none)",
         ),
     ),
     Chip(
