@@ -34,12 +34,16 @@ with coremesh.testing.simulate(chip="v5p", devices=4):
     mesh = jax.make_mesh((jax.device_count(),), ("device",))
     print(mesh)
 
-    # The mesh of cores inside a JAX device.
-    tc_mesh = pltpu.create_tensorcore_mesh("core")
+    # The mesh of cores inside a JAX device. The guide writes pltpu.create_tensorcore_mesh("core")
+    # and len(tc_mesh.devices), jax 0.10's spelling; jax 0.11 replaced both with TensorCoreMesh.
+    if hasattr(pltpu, "TensorCoreMesh"):
+        tc_mesh = pltpu.TensorCoreMesh(axis_name="core")
+    else:
+        tc_mesh = pltpu.create_tensorcore_mesh("core")
     print(tc_mesh)
 
     num_devices = mesh.size
-    num_cores = len(tc_mesh.devices)
+    num_cores = tc_mesh.shape["core"]
     print(f"There are {num_devices} devices, and {num_cores} cores each.")
 
     # ---- A simple per-core kernel ------------------------------------------------------------

@@ -14,6 +14,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from coremesh.core import jax_compat
 from coremesh.testing.sim import Simulator
 
 pytestmark = pytest.mark.sim
@@ -84,7 +85,7 @@ def all_gather(mesh: jax.sharding.Mesh) -> Any:
         return pl.kernel(
             all_gather_body,
             out_type=jax.ShapeDtypeStruct((N * R, C), x.dtype),
-            mesh=pltpu.create_tensorcore_mesh("core"),
+            mesh=jax_compat.tensorcore_mesh("core"),
             scratch_types=[
                 pltpu.SemaphoreType.DMA((N - 1,)),
                 pltpu.SemaphoreType.DMA((N - 1,)),
@@ -110,7 +111,7 @@ def reduce_scatter(mesh: jax.sharding.Mesh, cores: int) -> Any:
         return pl.kernel(
             reduce_scatter_body,
             out_type=jax.ShapeDtypeStruct((R, C), x.dtype),
-            mesh=pltpu.create_tensorcore_mesh("core"),
+            mesh=jax_compat.tensorcore_mesh("core"),
             scratch_types=[
                 pltpu.VMEM((N, R, width), x.dtype),
                 pltpu.VMEM((N - 1, R, width), x.dtype),

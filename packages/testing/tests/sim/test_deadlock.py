@@ -14,6 +14,7 @@ from jax.experimental import io_callback
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from coremesh.core import jax_compat
 from coremesh.core.errors import DeadlockError
 from coremesh.testing.guide import PROGRAMS
 from coremesh.testing.sim import SimulationDeadlock, simulate
@@ -45,7 +46,7 @@ def build(mesh: jax.sharding.Mesh, body: Any) -> Any:
         return pl.kernel(
             body,
             out_type=x,
-            mesh=pltpu.create_tensorcore_mesh("core"),
+            mesh=jax_compat.tensorcore_mesh("core"),
             scratch_types=[pltpu.SemaphoreType.REGULAR],
         )(x)
 

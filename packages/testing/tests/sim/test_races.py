@@ -12,6 +12,7 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from coremesh.core import jax_compat
 from coremesh.testing.sim import SimulationRaceError, simulate
 
 pytestmark = pytest.mark.sim
@@ -56,7 +57,7 @@ def run(variant: str, races: bool = True) -> np.ndarray:
             return pl.kernel(
                 copy_kernel(variant),
                 out_type=x,
-                mesh=pltpu.create_tensorcore_mesh("core"),
+                mesh=jax_compat.tensorcore_mesh("core"),
                 scratch_types=[
                     pltpu.VMEM((x.shape[0], 128), jnp.float32),
                     pltpu.SemaphoreType.DMA,

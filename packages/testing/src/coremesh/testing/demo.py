@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal, TextIO
 
-from coremesh.core import CHIPS
+from coremesh.core import CHIPS, jax_compat
 
 HOST_DEVICES = 16
 
@@ -290,7 +290,7 @@ def _deadlock(log: _Log) -> None:
         pl.semaphore_wait(sem, 1)  # no core ever signals it
 
     with simulate("v5p", 1, deadline=2.0) as sim:
-        mesh = pltpu.create_tensorcore_mesh("core")
+        mesh = jax_compat.tensorcore_mesh("core")
         kernel = pl.kernel(
             body,
             out_type=jax.ShapeDtypeStruct((8, 128), jnp.float32),

@@ -9,8 +9,9 @@ the guide's module-level globals (``num_cores``, ``sc_num_cores``...) are bound 
 program builds, so one source answers for whatever target is active.
 
 Each program builds a jitted function: ``shard_map`` over the device mesh axis ``"device"``, with
-the core mesh created *inside* the traced function from ``pltpu.create_tensorcore_mesh("core")`` or
-``pltpu.get_tpu_info().sparse_core``, exactly as the guide does.
+the core mesh created *inside* the traced function from ``pltpu.create_tensorcore_mesh("core")``
+(``pltpu.TensorCoreMesh(axis_name="core")`` from jax 0.11) or ``pltpu.get_tpu_info().sparse_core``,
+as the guide does.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from jax.experimental.pallas import tpu_sc as plsc
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from coremesh.core import jax_compat
 from coremesh.core.errors import LayoutError, UnsupportedOnChipError
 
 #: SparseCore register op shape of the guide: (4, 16) int32.
@@ -164,7 +166,14 @@ ROWS = P("device", None)
 
 
 def _tensorcore_mesh() -> Any:
-    return pltpu.create_tensorcore_mesh("core")
+    # The guide writes pltpu.create_tensorcore_mesh("core"); jax 0.11 deprecates it for
+    # pltpu.TensorCoreMesh(axis_name="core"). Each line gets its own spelling.
+    return jax_compat.tensorcore_mesh("core")
+
+
+def _num_cores(tc_mesh: Any) -> int:
+    # The guide's len(tc_mesh.devices); the mesh has no .devices from jax 0.11.
+    return jax_compat.mesh_cores(tc_mesh)
 
 
 def _sparsecore_mesh() -> tuple[Any, int, int]:
@@ -271,7 +280,7 @@ class SwapCoreMap(_Swap):
         @partial(jax.shard_map, mesh=mesh, in_specs=ROWS, out_specs=ROWS, check_vma=False)
         def swap_cores(x: Any) -> Any:
             tc_mesh = _tensorcore_mesh()
-            num_cores = len(tc_mesh.devices)
+            num_cores = _num_cores(tc_mesh)
             local_vmem_shape = (x.shape[0], x.shape[1] // num_cores)
             x_hbm_ref = jax.new_ref(x)
             o_hbm_ref = jax.new_ref(jax.lax.empty(x.shape, x.dtype))
@@ -301,7 +310,7 @@ class SwapKernel(_Swap):
         @partial(jax.shard_map, mesh=mesh, in_specs=ROWS, out_specs=ROWS, check_vma=False)
         def swap_cores(x: Any) -> Any:
             tc_mesh = _tensorcore_mesh()
-            num_cores = len(tc_mesh.devices)
+            num_cores = _num_cores(tc_mesh)
             local_vmem_shape = (x.shape[0], x.shape[1] // num_cores)
             scratch_shapes = [pltpu.VMEM(local_vmem_shape, x.dtype)] * 3 + [
                 pltpu.SemaphoreType.DMA
@@ -363,7 +372,7 @@ class IndexedAddOne(GuideProgram):
             tc_mesh = _tensorcore_mesh()
             out_shape = jax.ShapeDtypeStruct((x.shape[0], output_cols), x.dtype)
             kernel = partial(
-                indexed_add_one_kernel, num_cores=len(tc_mesh.devices), output_cols=output_cols
+                indexed_add_one_kernel, num_cores=_num_cores(tc_mesh), output_cols=output_cols
             )
             return pl.kernel(
                 kernel,

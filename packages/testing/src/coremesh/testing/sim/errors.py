@@ -49,3 +49,16 @@ class NotSimulatedError(CoremeshError, NotImplementedError):
 
 class SimulationRaceError(CoremeshError, AssertionError):
     """The race detector found unsynchronised accesses to one buffer from two cores or DMAs."""
+
+
+def race_error(found: list[str], chip: str | None) -> SimulationRaceError:
+    """The error for the races found in ``found`` (one entry per kernel run or race)."""
+    return SimulationRaceError(
+        f"data race(s) detected in {len(found)} kernel run(s) ({'; '.join(found)}); each race "
+        "was reported as 'RACE DETECTED' with the buffer, the ranges and the source lines",
+        rule="two cores or DMAs touched overlapping memory, at least one writing, with no "
+        "semaphore wait ordering them",
+        chip=chip,
+        fix="order the accesses with a semaphore signal/wait (or a DMA wait), give each core a "
+        "disjoint slice, or use a semaphore per pipeline step",
+    )

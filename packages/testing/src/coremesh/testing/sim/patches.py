@@ -23,10 +23,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from coremesh.core import jax_versions
+from coremesh.core import jax_compat, jax_versions
 from coremesh.core.dtypes import check_operand_dtype
 from coremesh.core.errors import CoremeshError, MeshError, UnsupportedOnChipError
+from coremesh.testing.sim import compat
 from coremesh.testing.sim.deadlock import WATCHDOG
+from coremesh.testing.sim.errors import race_error
+
 
 def check_jax_version(version: str | None = None) -> None:
     """Refuse a jax older than coremesh supports; warn about one newer than it is tested on."""
@@ -74,27 +77,34 @@ def _fail(err: Exception) -> Exception:
 
 @dataclasses.dataclass(frozen=True)
 class Patch:
+    """One fix: its name, the upstream gap, the attributes it swaps, and the jax releases that
+    have the gap (from ``jax_versions.MINIMUM`` up to, not including, ``fixed_in``; ``None``:
+    every supported release). ``tests/sim/test_regressions.py`` shows the stock behaviour on each
+    line: failing where the patch applies, passing where upstream fixed it."""
+
     name: str
     why: str
     targets: Callable[[], list[tuple[Any, str, Any]]]
+    fixed_in: str | None = None
+
+    def needed(self, version: str | None = None) -> bool:
+        """Does the installed jax (or ``version``) have the gap this patch fixes?"""
+        return self.fixed_in is None or not jax_versions.at_least(self.fixed_in, version)
 
 
 def _tpu_info_targets() -> list[tuple[Any, str, Any]]:
     from jax._src.pallas.mosaic import core as mosaic_core
-    from jax._src.pallas.mosaic import sc_core, tpu_info
+    from jax._src.pallas.mosaic import sc_core
     from jax.experimental.pallas import tpu as pltpu
 
+    tpu_info = jax_compat.tpu_info_module()
     orig_create = mosaic_core.create_tensorcore_mesh
     registry = dict(tpu_info.registry)
     registry["cpu"] = lambda: _chip().tpu_info
 
-    def create_tensorcore_mesh(
-        axis_name: str, devices: Any = None, num_cores: int | None = None
-    ) -> Any:
+    def check_cores(num_cores: int) -> None:
         chip = _chip()
-        if devices is None and num_cores is None:
-            num_cores = chip.cores_per_device
-        if num_cores is not None and num_cores > chip.cores_per_device:
+        if num_cores > chip.cores_per_device:
             raise MeshError(
                 f"a TensorCore mesh of {num_cores} cores on a device with {chip.cores_per_device}",
                 rule=f"a {chip.name} device in this mode has {chip.cores_per_device} TensorCore(s)",
@@ -102,26 +112,47 @@ def _tpu_info_targets() -> list[tuple[Any, str, Any]]:
                 fix="leave num_cores out (it defaults to the device's cores) or simulate a "
                 "chip/mode with more cores per device",
             )
+
+    def create_tensorcore_mesh(
+        axis_name: str, devices: Any = None, num_cores: int | None = None
+    ) -> Any:
+        if devices is None and num_cores is None:
+            num_cores = _chip().cores_per_device
+        if num_cores is not None:
+            check_cores(num_cores)
         return orig_create(axis_name, devices=devices, num_cores=num_cores)
 
-    def get_sparse_core_info() -> Any:
-        chip = _chip()
-        if not chip.has_sparsecore:
-            raise UnsupportedOnChipError(
-                f"{chip.name} has no SparseCore, so SparseCore meshes cannot run on it",
-                rule="plsc.VectorSubcoreMesh / ScalarSubcoreMesh need SparseCores "
-                "(v5p, v6e, TPU7x)",
-                chip=chip.name,
-                fix="simulate a chip with SparseCores, e.g. simulate(chip='v5p')",
-            )
-        return chip.tpu_info.sparse_core
+    def default_num_cores() -> int:
+        # jax >= 0.11: TensorCoreMesh(axis_name=...) reads jax.devices()[0].num_cores, which a
+        # CPU device does not have.
+        return _chip().cores_per_device
 
-    return [
+    out: list[tuple[Any, str, Any]] = [
         (tpu_info, "registry", registry),
-        (mosaic_core, "create_tensorcore_mesh", create_tensorcore_mesh),
-        (pltpu, "create_tensorcore_mesh", create_tensorcore_mesh),
-        (sc_core, "get_sparse_core_info", get_sparse_core_info),
+        (sc_core, "get_sparse_core_info", _get_sparse_core_info),
     ]
+    factory = compat.tensorcore_mesh_default_cores()
+    default_fn = compat.default_cores_function()
+    if factory is None or default_fn is None:  # jax 0.10.2: create_tensorcore_mesh is the API
+        out += [
+            (mosaic_core, "create_tensorcore_mesh", create_tensorcore_mesh),
+            (pltpu, "create_tensorcore_mesh", create_tensorcore_mesh),
+        ]
+    else:  # both spellings reach the default core count
+        out += [(factory, "cell_contents", default_num_cores), (*default_fn, default_num_cores)]
+    return out
+
+
+def _get_sparse_core_info() -> Any:
+    chip = _chip()
+    if not chip.has_sparsecore:
+        raise UnsupportedOnChipError(
+            f"{chip.name} has no SparseCore, so SparseCore meshes cannot run on it",
+            rule="plsc.VectorSubcoreMesh / ScalarSubcoreMesh need SparseCores (v5p, v6e, TPU7x)",
+            chip=chip.name,
+            fix="simulate a chip with SparseCores, e.g. simulate(chip='v5p')",
+        )
+    return chip.tpu_info.sparse_core
 
 
 def _host_devices_targets() -> list[tuple[Any, str, Any]]:
@@ -191,12 +222,24 @@ def _split_target(target: Any, default_core: int) -> tuple[int | None, int]:
     return int(target), default_core
 
 
+def check_core(sm: Any, device: int, core: int) -> None:
+    if not 0 <= core < sm.num_cores_per_device:
+        raise _fail(
+            MeshError(
+                f"a DMA or signal targets core {core} of device {device}, which has "
+                f"{sm.num_cores_per_device} core(s)",
+                rule="device_id={'core': i} and core_index name a core of the kernel's mesh",
+                chip=_chip().name if _stack else None,
+                fix="compute the target core modulo jax.lax.axis_size('core')",
+            )
+        )
+
+
 def _intercore_targets() -> list[tuple[Any, str, Any]]:
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
     from jax._src.pallas.mosaic.interpret import utils as iu
 
     orig_to_logical = iu._device_id_to_logical
-    orig_signal = ipc.semaphore_signal.__wrapped__
 
     def device_id_to_logical(
         device_id: Any, device_id_type: Any, axis_sizes: Any, axis_indices: Any
@@ -217,18 +260,6 @@ def _intercore_targets() -> list[tuple[Any, str, Any]]:
                 device = iu.device_coords_to_logical_id(rest, axis_sizes, axis_indices)
                 return (jax.numpy.asarray(device, jax.numpy.int32), core)
         return orig_to_logical(device_id, device_id_type, axis_sizes, axis_indices)
-
-    def check_core(sm: Any, device: int, core: int) -> None:
-        if not 0 <= core < sm.num_cores_per_device:
-            raise _fail(
-                MeshError(
-                    f"a DMA or signal targets core {core} of device {device}, which has "
-                    f"{sm.num_cores_per_device} core(s)",
-                    rule="device_id={'core': i} and core_index name a core of the kernel's mesh",
-                    chip=_chip().name if _stack else None,
-                    fix="compute the target core modulo jax.lax.axis_size('core')",
-                )
-            )
 
     @ipc.fail_on_exception
     def dma_start(
@@ -268,12 +299,12 @@ def _intercore_targets() -> list[tuple[Any, str, Any]]:
             src_core,
             int(src_memory_space),
             int(src_id),
-            int_tree(src_transforms),
+            _ints(src_transforms),
             dst_device,
             dst_core,
             int(dst_memory_space),
             int(dst_id),
-            int_tree(dst_transforms),
+            _ints(dst_transforms),
             src_sem,
             dst_sem,
             virtual_device_id=sm.get_random_virtual_device_id(),
@@ -287,6 +318,17 @@ def _intercore_targets() -> list[tuple[Any, str, Any]]:
         else:
             dma.execute_read_and_write()
         return token
+
+    return [
+        (iu, "_device_id_to_logical", device_id_to_logical),
+        (ipc, "dma_start", dma_start),
+    ]
+
+
+def _signal_targets() -> list[tuple[Any, str, Any]]:
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    orig_signal = ipc.semaphore_signal.__wrapped__
 
     @ipc.fail_on_exception
     def semaphore_signal(
@@ -320,11 +362,7 @@ def _intercore_targets() -> list[tuple[Any, str, Any]]:
             token, device_id, local_core_id, sem_id, inc, target, core, source_info=source_info
         )
 
-    return [
-        (iu, "_device_id_to_logical", device_id_to_logical),
-        (ipc, "dma_start", dma_start),
-        (ipc, "semaphore_signal", semaphore_signal),
-    ]
+    return [(ipc, "semaphore_signal", semaphore_signal)]
 
 
 class _NotPlainError(Exception):
@@ -354,6 +392,14 @@ def int_tree(x: Any) -> Any:
     if isinstance(x, int | np.integer) or (isinstance(x, np.ndarray) and x.ndim == 0):
         return int(x)
     raise _NotPlainError
+
+
+def _ints(tree: Any) -> Any:
+    """``jax.tree.map(int, tree)``, by :func:`int_tree` where it can."""
+    try:
+        return int_tree(tree)
+    except _NotPlainError:
+        return jax.tree.map(int, tree)
 
 
 class _FastIntTree:
@@ -406,15 +452,16 @@ def _interpret_call_targets() -> list[tuple[Any, str, Any]]:
             if dtype is not None:
                 check_operand_dtype(dtype, chip.name)
         if isinstance(mesh, mosaic_core.TensorCoreMesh):
-            cores = int(mesh.devices.shape[0])
+            cores = jax_compat.mesh_cores(mesh)
             if cores > chip.cores_per_device:
                 raise MeshError(
                     f"a kernel over {cores} TensorCores on a device with {chip.cores_per_device}",
                     rule=f"a {chip.name} device in this mode has {chip.cores_per_device} "
                     "TensorCore(s)",
                     chip=chip.name,
-                    fix="build the mesh with pltpu.create_tensorcore_mesh(axis) inside the "
-                    "simulate() context",
+                    fix="build the mesh inside the simulate() context without a core count "
+                    "(coremesh.tensorcore.mesh(), or jax's own spelling: "
+                    "pltpu.TensorCoreMesh(axis_name=...) / create_tensorcore_mesh(axis))",
                 )
         elif mesh is not None:
             if not chip.has_sparsecore:
@@ -520,57 +567,42 @@ def _watchdog_targets() -> list[tuple[Any, str, Any]]:
     from jax._src.interpreters import pxla
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
     from jax._src.pallas.mosaic.interpret import shared_memory as memory
-    from jax._src.pallas.mosaic.interpret import vector_clock as vc
 
     orig_init = ipc._initialize_shared_memory
     orig_call = pxla.ExecuteReplicated.__call__
 
-    def wait(
-        self: Any,
-        value: Any,
-        global_core_id: Any,
-        *,
-        has_tasks: bool = False,
-        logging_info: Any = None,
-    ) -> None:
-        # Upstream's wait (shared_memory.py:158) polls forever; this one is the same loop that
-        # also reports to the deadline watchdog, which raises SimulationDeadlock. (It does not
-        # reproduce upstream's optional LoggingMode.SEMAPHORE log lines.)
-        del has_tasks, logging_info
+    orig_wait = memory.Semaphore.wait
+    orig_check_failed = memory.SharedMemory.check_failed
+    current = threading.local()  # the wait this thread is in: (watchdog key, semaphore, core)
+
+    def wait(self: Any, value: Any, global_core_id: Any, **kw: Any) -> Any:
+        # Upstream's wait (shared_memory.py:158) polls forever. It calls check_failed() on every
+        # round of its loop: this wrapper registers the wait with the deadline watchdog, and the
+        # check_failed below asks the watchdog whether it has become a deadlock.
         gcid = int(global_core_id)
-        sm = self.shared_memory
-        device, core = divmod(gcid, sm.num_cores_per_device)
+        device, core = divmod(gcid, self.shared_memory.num_cores_per_device)
         key = WATCHDOG.begin_wait(device, core, _semaphore_description(self), int(value))
+        outer = getattr(current, "wait", None)
+        current.wait = (key, self, gcid)
         try:
-            while True:
-                sm.check_failed()
-                clock, task = None, None
-                with self.cv:
-                    if self.count_by_core[gcid] >= value:
-                        self.count_by_core[gcid] -= value
-                        if self.detect_races:
-                            assert self.clocks[gcid] is not None
-                            clock = vc.copy_vector_clock(self.clocks[gcid])
-                        done = True
-                    else:
-                        done = False
-                        if self.tasks[gcid]:
-                            task = self.tasks[gcid].pop()
-                        else:
-                            self.cv.wait(timeout=0.05)
-                if clock is not None:
-                    with sm.lock:
-                        vc.update_vector_clock(sm.clocks[gcid], clock)
-                if done:
-                    WATCHDOG.progress()
-                    return
-                if task is not None:
-                    WATCHDOG.progress()
-                    task()
-                    continue
-                WATCHDOG.check(key, int(self.count_by_core[gcid]))
+            return orig_wait(self, value, global_core_id, **kw)
         finally:
+            current.wait = outer
             WATCHDOG.end_wait(key)
+            WATCHDOG.progress()
+
+    def check_failed(self: Any) -> None:
+        orig_check_failed(self)
+        waiting = getattr(current, "wait", None)
+        if waiting is not None:
+            key, sem, gcid = waiting
+            WATCHDOG.check(key, int(sem.count_by_core[gcid]))
+
+    def signal(self: Any, *args: Any, **kw: Any) -> Any:
+        WATCHDOG.progress()  # a DMA or a core signalled: a wait may now finish
+        return orig_signal(self, *args, **kw)
+
+    orig_signal = memory.Semaphore.signal
 
     def initialize_shared_memory(*args: Any, **kw: Any) -> Any:
         # A kernel that failed (e.g. deadlocked) can leave its shared memory behind; the next
@@ -597,7 +629,7 @@ def _watchdog_targets() -> list[tuple[Any, str, Any]]:
             # and interpreter state behind: drop both so the process stays usable.
             dispatch.runtime_tokens.clear()
             ipc.reset_tpu_interpret_mode_state()
-            failure = WATCHDOG.take()
+            failure = WATCHDOG.take() or _race_from_upstream(err)
             WATCHDOG.reset()
             if failure is None:
                 raise
@@ -606,9 +638,24 @@ def _watchdog_targets() -> list[tuple[Any, str, Any]]:
 
     return [
         (memory.Semaphore, "wait", wait),
+        (memory.Semaphore, "signal", signal),
+        (memory.SharedMemory, "check_failed", check_failed),
         (ipc, "_initialize_shared_memory", initialize_shared_memory),
         (pxla.ExecuteReplicated, "__call__", execute),
     ]
+
+
+def _race_from_upstream(err: BaseException) -> Exception | None:
+    """jax >= 0.12 raises ``RuntimeError('RACE DETECTED ...')`` at the racing access (its
+    ``on_race='raise'``), and XLA hands it back as a ``JaxRuntimeError`` whose text holds the
+    report: the simulator's own error instead, with upstream's report in it."""
+    text = str(err)
+    start = text.find("RACE DETECTED")
+    if start < 0:
+        return None
+    report = text[start:].split("\n\n")[0].split("For simplicity, JAX")[0].strip()
+    RACES.add(report)
+    return race_error(RACES.drain(), _chip().name if _stack else None)
 
 
 class RaceLog:
@@ -667,9 +714,16 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         "intercore",
-        "device_id={'core': i} raises (utils.py:224), DMAs land on the source core "
-        "(interpret_pallas_call.py:1066), signals without core_index go to core 0 (:1179)",
+        "device_id={'core': i} raises (utils.py:224) and DMAs land on the source core "
+        "(interpret_pallas_call.py:1066); jax 0.12 maps core axes and delivers to the named core",
         _intercore_targets,
+        fixed_in="0.12.0",
+    ),
+    Patch(
+        "signal_core",
+        "a semaphore_signal without core_index goes to core 0, not the signalling core "
+        "(interpret_pallas_call.py:1179; still so in 0.12.0.1), which hangs plain 2-core kernels",
+        _signal_targets,
     ),
     Patch(
         "sparsecore_axes",
@@ -701,8 +755,9 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         "race_report",
-        "detected races are only printed (race_detection_state.py)",
+        "detected races are only printed (race_detection_state.py); jax 0.12 raises at the race",
         _race_report_targets,
+        fixed_in="0.12.0",
     ),
 )
 
@@ -719,6 +774,20 @@ class _State:
 
 _lock = threading.RLock()
 _state = _State()
+#: Saved in place of an attribute a class inherits: restoring deletes the override.
+_INHERITED = object()
+
+
+def _own_attribute(obj: Any, attr: str) -> Any:
+    own = getattr(obj, "__dict__", None)
+    if isinstance(obj, type) and own is not None and attr not in own:
+        return _INHERITED
+    return getattr(obj, attr)
+
+
+def active() -> tuple[str, ...]:
+    """The patches this jax needs (whatever ``disable_patches`` leaves out)."""
+    return tuple(p.name for p in PATCHES if p.needed())
 
 
 def install(chip: SimulatedChip, without: Collection[str] = ()) -> None:
@@ -738,9 +807,9 @@ def install(chip: SimulatedChip, without: Collection[str] = ()) -> None:
             # sparsecore_axes lives in the interpret_pallas_call wrapper, which also checks
             # meshes against the chip: install that wrapper whenever either is wanted.
             for patch in PATCHES:
-                if patch.name in wanted or patch.name == "sparsecore_axes":
+                if patch.needed() and (patch.name in wanted or patch.name == "sparsecore_axes"):
                     for obj, attr, new in patch.targets():
-                        _state.saved.append((obj, attr, getattr(obj, attr)))
+                        _state.saved.append((obj, attr, _own_attribute(obj, attr)))
                         setattr(obj, attr, new)
         elif wanted != _state.enabled:
             raise CoremeshError(
@@ -764,7 +833,10 @@ def uninstall() -> None:
         if not _stack:
             while _state.saved:
                 obj, attr, old = _state.saved.pop()
-                setattr(obj, attr, old)
+                if old is _INHERITED:
+                    delattr(obj, attr)
+                else:
+                    setattr(obj, attr, old)
             _state.enabled = frozenset()
         _clear_caches()
 
@@ -774,9 +846,7 @@ def enabled() -> frozenset[str]:
 
 
 def _clear_caches() -> None:
-    from jax._src.pallas.mosaic import tpu_info
-
-    tpu_info.get_tpu_info.cache_clear()
+    jax_compat.tpu_info_module().get_tpu_info.cache_clear()
 
 
 @functools.cache

@@ -3,8 +3,9 @@
 Inside the context, kernels traced by ``pl.core_map``, ``pl.kernel`` and ``pl.pallas_call`` run in
 Pallas' TPU interpret mode (``pltpu.force_tpu_interpret_mode``) with the simulator's fixes
 (:mod:`coremesh.testing.sim.patches`), ``pltpu.get_tpu_info()`` and
-``pltpu.create_tensorcore_mesh(axis)`` answer for the simulated chip, ``jax.devices()`` lists the
-simulated devices (host CPU devices), and ``coremesh.core.current_target()`` is the simulator.
+``pltpu.create_tensorcore_mesh(axis)`` (``pltpu.TensorCoreMesh(axis_name=axis)`` from jax 0.11)
+answer for the simulated chip, ``jax.devices()`` lists the simulated devices (host CPU devices),
+and ``coremesh.core.current_target()`` is the simulator.
 """
 
 from __future__ import annotations
@@ -16,28 +17,28 @@ from types import TracebackType
 from typing import Any, Literal
 
 import jax
-from jax._src.pallas.mosaic import tpu_info as jax_tpu_info
 from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 from jax._src.pallas.mosaic.interpret.params import InterpretParams
 from jax.experimental.pallas import tpu as pltpu
 
+from coremesh.core import jax_compat
 from coremesh.core.chips import Chip, get_chip
 from coremesh.core.errors import CoremeshError, MeshError
 from coremesh.core.targets import SliceTarget, auto_mesh, using_target
 from coremesh.testing.sim import patches
 from coremesh.testing.sim.deadlock import DEFAULT_DEADLINE_S, WATCHDOG
 from coremesh.testing.sim.devices import configure_host_devices, cpu_devices
-from coremesh.testing.sim.errors import SimulationRaceError
+from coremesh.testing.sim.errors import race_error
 
 DmaMode = Literal["on_wait", "eager"]
 
-#: coremesh chip name -> jax's chip version.
+#: coremesh chip name -> the name of jax's chip version.
 _CHIP_VERSIONS = {
-    "v4": jax_tpu_info.ChipVersion.TPU_V4,
-    "v5e": jax_tpu_info.ChipVersion.TPU_V5E,
-    "v5p": jax_tpu_info.ChipVersion.TPU_V5P,
-    "v6e": jax_tpu_info.ChipVersion.TPU_V6E,
-    "TPU7x": jax_tpu_info.ChipVersion.TPU_7X,
+    "v4": "TPU_V4",
+    "v5e": "TPU_V5E",
+    "v5p": "TPU_V5P",
+    "v6e": "TPU_V6E",
+    "TPU7x": "TPU_7X",
 }
 
 #: Longest deadline accepted: a test must fail, not hang.
@@ -201,7 +202,9 @@ class Simulator(SliceTarget):
         return out
 
     def _tpu_info(self) -> Any:
-        return jax_tpu_info.get_tpu_info_for_chip(_CHIP_VERSIONS[self._chip.name], self._cores)
+        tpu_info = jax_compat.tpu_info_module()
+        version = tpu_info.ChipVersion[_CHIP_VERSIONS[self._chip.name]]
+        return tpu_info.get_tpu_info_for_chip(version, self._cores)
 
     def __enter__(self) -> Simulator:
         configure_host_devices(self._n, prefer=self._n * (self._cores + 1))
@@ -257,16 +260,7 @@ class Simulator(SliceTarget):
         found = patches.RACES.drain()
         self._race_reports += found
         if found and self._races:
-            raise SimulationRaceError(
-                f"data race(s) detected in {len(found)} kernel run(s) "
-                f"({'; '.join(found)}); each race was printed above as 'RACE DETECTED' with "
-                "the buffer, the ranges and the source lines",
-                rule="two cores or DMAs touched overlapping memory, at least one writing, with "
-                "no semaphore wait ordering them",
-                chip=self._chip.name,
-                fix="order the accesses with a semaphore signal/wait (or a DMA wait), give each "
-                "core a disjoint slice, or use a semaphore per pipeline step",
-            )
+            raise race_error(found, self._chip.name)
 
     def __repr__(self) -> str:
         return (
