@@ -59,11 +59,12 @@ def test_v5p_in_one_core_mode() -> None:
 
 
 def test_outside_the_context_jax_is_untouched() -> None:
-    before = {key: getattr(*key) for key in _patched_attributes()}
+    # Keyed by id: some targets (a closure cell) are not hashable.
+    before = {(id(obj), attr): getattr(obj, attr) for obj, attr in _patched_attributes()}
     assert len(before) >= 10
     with simulate(devices=2):
-        inside = {key: getattr(*key) for key in _patched_attributes()}
-    after = {key: getattr(*key) for key in _patched_attributes()}
+        inside = {(id(obj), attr): getattr(obj, attr) for obj, attr in _patched_attributes()}
+    after = {(id(obj), attr): getattr(obj, attr) for obj, attr in _patched_attributes()}
     assert after == before
     assert all(inside[k] is not before[k] for k in before)
     with pytest.raises(ValueError, match="Unsupported TPU device kind"):
