@@ -8,6 +8,7 @@ import jax
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
+from coremesh.core import jax_compat
 from coremesh.core.chips import CHIPS
 from coremesh.core.errors import ChipError, MeshError
 from coremesh.core.targets import Target, current_target
@@ -103,10 +104,10 @@ def test_activate_makes_pallas_and_coremesh_see_the_chip(chip: str) -> None:
     c = CHIPS[chip]
     with target.activate():
         info = pltpu.get_tpu_info()
-        tc_mesh = pltpu.create_tensorcore_mesh("core")
+        tc_mesh = jax_compat.tensorcore_mesh("core")  # the core count of the chip's devices
         assert current_target() is target
         assert jax.sharding.get_abstract_mesh().shape == {"device": 4}
-    assert len(tc_mesh.devices) == target.cores_per_device
+    assert jax_compat.mesh_cores(tc_mesh) == target.cores_per_device
     assert info.num_cores == target.cores_per_device
     assert info.vmem_capacity_bytes == c.vmem_bytes_per_core
     sc = info.sparse_core

@@ -126,7 +126,8 @@ def jitted_program(
     """A program from a function that takes its device mesh from context.
 
     ``fn`` is traced inside ``jax.set_mesh(<the chip's device mesh>)``, so ``jax.shard_map``
-    without ``mesh=`` and ``pltpu.create_tensorcore_mesh`` build for the chip being compiled.
+    without ``mesh=`` and a TensorCore mesh of the default core count build for the chip being
+    compiled.
     Each chip gets a fresh ``jax.jit`` of ``fn`` (of the function a jitted ``fn`` wraps): jit's
     trace cache does not tell one chip's context mesh from another's of the same shape, so a
     reused jitted object would compile the first chip's trace everywhere. Jit options such as

@@ -30,6 +30,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import tpu_sc as plsc
 
+from coremesh.core import jax_compat
 from coremesh.testing.aot import Arg, FunctionProgram
 
 P = jax.P
@@ -66,7 +67,7 @@ def add_one(
         )(x_hbm, o_hbm)
 
     def build(mesh: Any) -> Any:
-        tc_mesh = pltpu.create_tensorcore_mesh("core")
+        tc_mesh = jax_compat.tensorcore_mesh("core")
         return _shard(mesh, lambda x: pl.kernel(kernel, out_type=x, mesh=tc_mesh)(x))
 
     return FunctionProgram(
@@ -96,7 +97,7 @@ def vmem_scratch(mib: int, vmem_limit_mib: int | None = None) -> FunctionProgram
         pltpu.async_copy(big.at[pl.ds(8, 8)], o_hbm.at[pl.ds(0, 8)], sem).wait()
 
     def build(mesh: Any) -> Any:
-        tc_mesh = pltpu.create_tensorcore_mesh("core")
+        tc_mesh = jax_compat.tensorcore_mesh("core")
         params = (
             pltpu.CompilerParams(vmem_limit_bytes=vmem_limit_mib * 1024 * 1024)
             if vmem_limit_mib
@@ -125,7 +126,7 @@ def copy(dtype: Any, rows: int = 32, cols: int = 256) -> FunctionProgram:
         pltpu.sync_copy(x_hbm, o_hbm)
 
     def build(mesh: Any) -> Any:
-        tc_mesh = pltpu.create_tensorcore_mesh("core", num_cores=1)
+        tc_mesh = jax_compat.tensorcore_mesh("core", num_cores=1)
         return _shard(mesh, lambda x: pl.kernel(kernel, out_type=x, mesh=tc_mesh)(x))
 
     return FunctionProgram(
