@@ -7,12 +7,21 @@ import os
 import subprocess
 import sys
 import textwrap
+from importlib import metadata
 from typing import Any
 
+import jax
 import pytest
 
 from coremesh.core.chips import CHIPS
-from coremesh.testing.aot import CycleEstimate, ProgramError, cycles_table, profile, to_json
+from coremesh.testing.aot import (
+    CycleEstimate,
+    ProgramError,
+    cycles_table,
+    lines_table,
+    profile,
+    to_json,
+)
 from coremesh.testing.aot import samples as kp
 from coremesh.testing.aot.cycles import (
     MEMORY_CAP_ENV,
@@ -176,6 +185,50 @@ def test_table_and_json(estimates: Estimates) -> None:
         if (d["program"], d["variant"], d["chip"]) == ("add_one", "kernel", "v5p")
     )
     assert entry["cycles"] == v5p.cycles and entry["ratio"] == pytest.approx(v5p.ratio)
+    # Every estimate says which jax and libtpu made it; so does the table.
+    assert (entry["jax"], entry["libtpu"]) == (jax.__version__, metadata.version("libtpu"))
+    assert f"Estimated by libtpu {entry['libtpu']} with jax {entry['jax']}." in table
+
+
+def test_estimates_record_the_jax_and_libtpu_that_made_them(estimates: Estimates) -> None:
+    for r in estimates.values():
+        assert r.jax_version == jax.__version__
+        assert r.libtpu_version == metadata.version("libtpu")
+
+
+def _record(program: str, chip: str, jax_v: str, cycles: int | None, **kw: Any) -> dict[str, Any]:
+    status = kw.pop("status", "ok" if cycles is not None else "no_estimate")
+    return {
+        "program": program,
+        "chip": chip,
+        "variant": "kernel",
+        "cycles": cycles,
+        "status": status,
+        "jax": jax_v,
+        "libtpu": "0.0.52",
+        **kw,
+    }
+
+
+def test_lines_table_puts_runs_side_by_side_oldest_first() -> None:
+    records = [
+        _record("add_one", "v5p", "0.12.0.1", 1100),
+        _record("add_one", "v5p", "0.10.2", 1000),
+        _record("add_one", "v4", "0.10.2", None),
+        _record("add_one", "v4", "0.12.0.1", None),
+        _record("add_one", "v5p", "0.11.2", 1000),
+        _record("sc_add_one", "v5e", "0.10.2", None, status="unsupported"),
+        {**_record("add_one", "v5p", "0.10.2", 7), "variant": "xla"},
+    ]
+    table = lines_table(records, "plain")
+    header, _, *rows = table.splitlines()
+    assert header.split("  ")[:2] == ["program", "chip"]
+    assert header.index("jax 0.10.2") < header.index("jax 0.11.2") < header.index("jax 0.12.0.1")
+    cells = [row.split() for row in rows]
+    assert cells[0] == ["add_one", "v4", "no", "estimate", "no", "estimate"]
+    assert cells[1] == ["add_one", "v5p", "1,000", "1,000", "1,100", "+10.00%"]
+    assert cells[2][:3] == ["sc_add_one", "v5e", "n/a"]
+    assert "7" in lines_table(records, "plain", variant="xla").splitlines()[2].split()
 
 
 SLOW_MODULE = textwrap.dedent(

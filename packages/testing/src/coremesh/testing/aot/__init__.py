@@ -4,7 +4,8 @@ libtpu's real compiler runs on a machine without a TPU. This package compiles a 
 TPU generation (``compile_program``/``compile_matrix``), turns the compiler's rejections into
 coremesh errors that say what to change (``explain``), refuses what cannot work before tracing
 (``validate``), reads libtpu's static cycle estimates in child processes (``profile``) and puts them
-next to a roofline bound from the chip registry (``roofline_for``).
+next to a roofline bound from the chip registry (``roofline_for``). Compiling needs libtpu; static
+estimates need libtpu 0.0.52 or newer and record the jax and libtpu that made them (``versions``).
 
     from coremesh.testing import aot
     from coremesh.testing.guide import PROGRAMS
@@ -47,7 +48,7 @@ from coremesh.testing.aot.program import (
     jitted_program,
     load,
 )
-from coremesh.testing.aot.report import cycles_table, matrix_table, to_json
+from coremesh.testing.aot.report import cycles_table, lines_table, matrix_table, to_json
 from coremesh.testing.aot.roofline import Roofline, Work, cycles_to_seconds, roofline_for
 from coremesh.testing.aot.topology import CompileTarget, TopologySpec, topology_for
 from coremesh.testing.aot.validate import (
@@ -57,6 +58,7 @@ from coremesh.testing.aot.validate import (
     validate_program,
     validate_traced,
 )
+from coremesh.testing.aot.versions import LibtpuError
 
 __all__ = [
     "DEFAULT_CHIPS",
@@ -73,6 +75,7 @@ __all__ = [
     "Declared",
     "DiagnosedError",
     "FunctionProgram",
+    "LibtpuError",
     "MemoryFigures",
     "OpCycles",
     "Program",
@@ -91,6 +94,7 @@ __all__ = [
     "cycles_to_seconds",
     "explain",
     "jitted_program",
+    "lines_table",
     "load",
     "matrix_table",
     "profile",

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from coremesh.core.chips import Chip, get_chip
 from coremesh.core.errors import CoremeshError, UnsupportedOnChipError
+from coremesh.testing.aot import versions
 from coremesh.testing.aot.diagnose import explain
 from coremesh.testing.aot.program import program_name, uses_sparsecore
 from coremesh.testing.aot.topology import CompileTarget, topology_for
@@ -167,7 +168,9 @@ def compile_on(
     keep_executable: bool = False,
     compiler_options: dict[str, Any] | None = None,
 ) -> CompileResult:
-    """Compile ``program`` for ``target``; never raises for a program that does not compile."""
+    """Compile ``program`` for ``target``; never raises for a program that does not compile
+    (``LibtpuError`` when there is no libtpu to compile with)."""
+    versions.require_compiler()
     spec = target.spec
     chip = target.chip
 

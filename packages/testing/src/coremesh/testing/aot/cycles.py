@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, Literal
 
 from coremesh.core.chips import Chip, get_chip
-from coremesh.testing.aot import _env
+from coremesh.testing.aot import _env, versions
 from coremesh.testing.aot.compile import DEFAULT_CHIPS, Progress, ProgressFn
 from coremesh.testing.aot.program import (
     ProgramError,
@@ -205,6 +205,9 @@ class CycleEstimate:
     #: Bytes XLA copies into VMEM by copy-start (cross-program prefetches and copies inside the
     #: program, ``aot.hlo``): the profile has no operation for them, so ``cycles`` leaves them out.
     prefetch_bytes: int = 0
+    #: The jax and libtpu that compiled and estimated it (estimates move between releases).
+    jax_version: str | None = None
+    libtpu_version: str | None = None
 
     @property
     def cycles(self) -> int | None:
@@ -279,6 +282,8 @@ class CycleEstimate:
             "error": dict(self.error) if self.error else None,
             "partial": self.partial,
             "prefetch_bytes": self.prefetch_bytes,
+            "jax": self.jax_version,
+            "libtpu": self.libtpu_version,
         }
 
 
@@ -313,8 +318,11 @@ def profile(
     estimated too. One child process per chip (``jobs`` at a time); ``timeout_s`` bounds each
     program's compile. A child whose resident memory exceeds ``memory_cap_bytes`` (default:
     ``COREMESH_PROFILE_MEMORY_CAP``, e.g. ``"16G"``, else half the machine's memory; 0 for no cap)
-    is killed and its program reported "aborted".
+    is killed and its program reported "aborted". Needs libtpu 0.0.52 or newer
+    (``versions.STATIC_PROFILE_LIBTPU``): ``LibtpuError`` otherwise, before any child starts.
+    Each estimate records the jax and libtpu versions that made it.
     """
+    built_with = {"jax": versions.jax_version(), "libtpu": versions.require_static_profile()}
     items = _items(programs, include_xla)
     cap = memory_cap(memory_cap_bytes)
     chip_list = [get_chip(c) for c in chips]
@@ -341,7 +349,7 @@ def profile(
             report=report,
             memory_cap=cap,
         ).run()
-        return [_finish(item, r, spec) for item, r in zip(items, raw, strict=True)]
+        return [_finish(item, r, spec, built_with) for item, r in zip(items, raw, strict=True)]
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         per_chip = list(pool.map(run, chip_list))
@@ -381,7 +389,10 @@ def _keyed(ref: ProgramRef, program: Any) -> ProgramRef:
     return dataclasses.replace(ref, key=program_name(program))
 
 
-def _finish(item: _Item, raw: Mapping[str, Any], spec: Any) -> CycleEstimate:
+def _finish(
+    item: _Item, raw: Mapping[str, Any], spec: Any, built_with: Mapping[str, str | None]
+) -> CycleEstimate:
+    """``built_with``: the jax and libtpu of this process, which the child runs too."""
     ops = tuple(OpCycles(**o) for o in raw.get("ops", ()))
     work = Work(**raw["work"]) if raw.get("work") else None
     roof = roofline_for(work, spec.chip, spec.cores_per_device) if work else None
@@ -403,6 +414,8 @@ def _finish(item: _Item, raw: Mapping[str, Any], spec: Any) -> CycleEstimate:
         error=raw.get("error"),
         partial=bool(raw.get("partial")),
         prefetch_bytes=int(raw.get("prefetch_bytes") or 0),
+        jax_version=built_with["jax"],
+        libtpu_version=built_with["libtpu"],
     )
 
 

@@ -13,8 +13,8 @@ A test that asks for ``aot_target`` or ``aot_compile`` runs once per chip (ids `
         assert all(r.as_expected for r in results)
 
 Marker keywords: ``chips`` (names or a comma-separated string), ``devices``, ``mode``
-(``"megacore"``/``"split"``) or ``cores_per_device``. Tests are skipped, with the reason, only when
-libtpu is not installed.
+(``"megacore"``/``"split"``) or ``cores_per_device``. Tests are skipped only when libtpu is not
+installed, with a reason that names the libtpu to install.
 
 Load it with ``pytest_plugins = ("coremesh.testing.aot.pytest_support",)`` in a pytest plugin or
 the top-level conftest.
@@ -22,13 +22,13 @@ the top-level conftest.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 
 from coremesh.core.chips import get_chip
+from coremesh.testing.aot import versions
 from coremesh.testing.aot.compile import (
     DEFAULT_CHIPS,
     CompileResult,
@@ -74,8 +74,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def _need_libtpu() -> None:
-    if importlib.util.find_spec("libtpu") is None:
-        pytest.skip("libtpu is not installed: compile-only checks need it (pip install libtpu)")
+    """Skip, saying what is missing and how to install it, where there is no libtpu."""
+    try:
+        versions.require_compiler()
+    except versions.LibtpuError as e:
+        pytest.skip(f"{e.what}; fix: {e.fix}")
 
 
 @pytest.fixture

@@ -161,9 +161,63 @@ def cycles_table(results: Sequence[CycleEstimate], fmt: Format = "markdown") -> 
                     bundles = f"; TensorCore bundles {r.bundles:,}"
                 notes.append(f"- {label}: {r.status}: {text or ''}{bundles}")
     out = [format_table(headers, rows, fmt)]
+    made_by = sorted({(r.libtpu_version, r.jax_version) for r in results if r.libtpu_version})
+    if made_by:
+        runs = "; ".join(f"libtpu {lt} with jax {jx}" for lt, jx in made_by)
+        out += ["", f"Estimated by {runs}."]
     if notes:
         out += ["", *notes]
     return "\n".join(out)
+
+
+def _run_key(record: Mapping[str, Any]) -> tuple[str, str]:
+    return (str(record.get("jax")), str(record.get("libtpu")))
+
+
+def _version_order(key: tuple[str, str]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    from coremesh.testing.aot.versions import parse
+
+    return (parse(key[0]), parse(key[1]))
+
+
+def lines_table(
+    records: Sequence[Mapping[str, Any]], fmt: Format = "markdown", *, variant: str = "kernel"
+) -> str:
+    """How the estimates moved between runs on different jax lines (or libtpu releases).
+
+    ``records`` are ``CycleEstimate.to_json()`` dicts from any number of runs, each carrying its
+    ``jax`` and ``libtpu``. One row per program and chip (of ``variant``), one column of cycles per
+    (jax, libtpu), oldest first, and the change between the oldest and the newest run that have
+    an estimate. Cells without an estimate show the status.
+    """
+    runs = sorted({_run_key(r) for r in records}, key=_version_order)
+    chosen = [r for r in records if r.get("variant", "kernel") == variant]
+    by = {(r["program"], r["chip"], _run_key(r)): r for r in chosen}
+    order = {c: i for i, c in enumerate(DEFAULT_CHIPS)}
+    programs = list(dict.fromkeys(r["program"] for r in chosen))
+    keys = sorted(
+        dict.fromkeys((r["program"], r["chip"]) for r in chosen),
+        key=lambda k: (programs.index(k[0]), order.get(k[1], 99), k[1]),
+    )
+    rows = []
+    for program, chip in keys:
+        cells: list[str] = []
+        known: list[int] = []
+        for run in runs:
+            r = by.get((program, chip, run))
+            if r is None:
+                cells.append("")
+            elif r.get("cycles") is not None:
+                cells.append(f"{int(r['cycles']):,}")
+                known.append(int(r["cycles"]))
+            else:
+                cells.append(_SHORT.get(str(r.get("status")), str(r.get("status"))))
+        change = ""
+        if len(known) >= 2 and known[0]:
+            change = f"{(known[-1] - known[0]) / known[0]:+.2%}"
+        rows.append([program, chip, *cells, change])
+    headers = ["program", "chip", *(f"jax {j} / libtpu {t}" for j, t in runs), "oldest -> newest"]
+    return format_table(headers, rows, fmt)
 
 
 def to_json(

@@ -6,7 +6,8 @@ devices go through the real TPU compiler. A ``TopologySpec`` says which slice: t
 chips along each axis, and the core mode (megacore devices with 2 TensorCores, or split devices
 with 1) where the chip has both. ``CompileTarget`` is coremesh's ``Target`` for such a slice: inside
 ``activate()`` the device mesh is the ambient mesh, so ``pltpu.get_tpu_info()``,
-``pltpu.create_tensorcore_mesh`` and ``coremesh.core.current_target()`` answer for the chip.
+a TensorCore mesh with the default core count (``coremesh.core.jax_compat.tensorcore_mesh``) and
+``coremesh.core.current_target()`` answer for the chip.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 from coremesh.core.chips import Chip, get_chip
 from coremesh.core.errors import MeshError
 from coremesh.core.targets import auto_mesh, using_target
-from coremesh.testing.aot import _env
+from coremesh.testing.aot import _env, versions
 
 #: Device mesh axis every compile-only program is sharded over.
 DEVICE_AXIS = "device"
@@ -179,7 +180,11 @@ def _devices(name: str, kwargs_key: tuple[tuple[str, Any], ...]) -> tuple[Any, .
 
 
 def topology_devices(spec: TopologySpec) -> tuple[Any, ...]:
-    """The compile-only devices of ``spec`` (cached; loads libtpu on first use)."""
+    """The compile-only devices of ``spec`` (cached; loads libtpu on first use).
+
+    ``LibtpuError`` when libtpu is not installed (jax would only say it found no TPU platform).
+    """
+    versions.require_compiler()
     key = tuple(
         (k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(spec.kwargs().items())
     )

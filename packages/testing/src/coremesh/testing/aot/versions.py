@@ -1,0 +1,145 @@
+"""Which jax and libtpu produced a compile verdict or a cycle estimate, and the libtpu needed.
+
+Compile-only checks need libtpu installed (any release compiles, but the error catalogue of
+``diagnose`` and the expected verdicts are libtpu 0.0.52's). Static cycle estimates need libtpu
+0.0.52 or newer: on 0.0.42.1 the static profile aborts the process for TPU7x and reports 0 cycles
+for remote-DMA kernels (research/AOT_COMPILE.md), and releases between are untested. Estimates move
+between libtpu releases (and with the HLO each jax line emits), so every estimate records both
+versions (``CycleEstimate.jax_version``/``libtpu_version``).
+
+=====================  ===========  ==========================================================
+what                   libtpu       when it is missing or older
+=====================  ===========  ==========================================================
+compile-only checks    installed    ``LibtpuError`` (pytest: the ``aot`` fixtures skip)
+static cycle profile   >= 0.0.52    ``LibtpuError`` from ``profile()`` before any child starts
+=====================  ===========  ==========================================================
+
+Mosaic's lowering is part of jax, so a kernel can compile on one jax line and not on another with
+the same libtpu. ``COMPILER_CHANGES`` lists the differences the compile checks met on the
+supported lines (each has a test on every line); ``compiles_since(name)`` says whether the
+installed jax has the newer behaviour.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from importlib import metadata
+
+from coremesh.core import jax_versions
+from coremesh.core.errors import CoremeshError
+
+#: The first libtpu whose static profile estimates v5e, v5p, v6e and TPU7x (and remote DMAs).
+STATIC_PROFILE_LIBTPU = "0.0.52"
+#: The libtpu the compile verdicts and the diagnose catalogue were taken with.
+TESTED_LIBTPU = "0.0.52"
+#: Distributions that ship libtpu (a nightly has its own name).
+_DISTRIBUTIONS = ("libtpu", "libtpu-nightly")
+
+
+class LibtpuError(CoremeshError, RuntimeError):
+    """libtpu is missing, or too old for what was asked of it."""
+
+    def __init__(self, what: str, *, found: str | None, needed: str, rule: str, fix: str) -> None:
+        self.found, self.needed = found, needed
+        super().__init__(what, rule=rule, fix=fix)
+
+
+def libtpu_version() -> str | None:
+    """The installed libtpu's version, or None when there is none."""
+    for dist in _DISTRIBUTIONS:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def jax_version() -> str:
+    return jax_versions.installed()
+
+
+def parse(version: str) -> tuple[int, ...]:
+    """``"0.0.50.1"`` -> ``(0, 0, 50, 1)``; ``.dev``/``+local`` tails are dropped (a nightly
+    counts as the release it leads to). Unreadable text gives ``()``, older than any release."""
+    m = re.match(r"\d+(\.\d+)*", version.strip())
+    return tuple(int(p) for p in m.group(0).split(".")) if m else ()
+
+
+def install_fix(needed: str = TESTED_LIBTPU) -> str:
+    return (
+        f"pip install libtpu=={needed} (it runs without a TPU; coremesh-testing pins "
+        f"libtpu>={needed})"
+    )
+
+
+def check_libtpu(found: str | None, *, needed: str | None, purpose: str) -> None:
+    """Raise ``LibtpuError`` when ``found`` (a libtpu version; None: not installed) is missing,
+    or older than ``needed`` (None: any release will do) for ``purpose``."""
+    want = needed or TESTED_LIBTPU
+    if found is None:
+        need = f"libtpu {needed} or newer" if needed else "libtpu"
+        raise LibtpuError(
+            f"libtpu is not installed, and {purpose} need {need}",
+            found=None,
+            needed=want,
+            rule="coremesh compiles for TPU generations with libtpu's compiler, which runs on "
+            "any Linux machine, without a TPU",
+            fix=install_fix(want),
+        )
+    if needed is not None and parse(found) < parse(needed):
+        raise LibtpuError(
+            f"libtpu {found} is installed, and {purpose} need libtpu {needed} or newer",
+            found=found,
+            needed=needed,
+            rule=f"libtpu's static profile estimates v5e, v5p, v6e and TPU7x from {needed} on; "
+            "older releases abort the compile on TPU7x and count remote DMAs as 0 cycles",
+            fix=install_fix(needed),
+        )
+
+
+def require_compiler() -> str:
+    """The installed libtpu's version; ``LibtpuError`` when there is none."""
+    found = libtpu_version()
+    check_libtpu(found, needed=None, purpose="compile-only checks")
+    assert found is not None
+    return found
+
+
+def require_static_profile() -> str:
+    """The installed libtpu's version; ``LibtpuError`` unless it gives static estimates."""
+    found = libtpu_version()
+    check_libtpu(found, needed=STATIC_PROFILE_LIBTPU, purpose="static cycle estimates")
+    assert found is not None
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class CompilerChange:
+    """A kernel that compiles from jax ``since`` on (libtpu 0.0.52 on every line)."""
+
+    since: str
+    kernel: str
+    before: str
+
+
+#: What compiles on newer jax lines only; measured on 0.10.2, 0.11.2 and 0.12.0.1.
+COMPILER_CHANGES: dict[str, CompilerChange] = {
+    "bool_operand": CompilerChange(
+        since="0.11.0",
+        kernel="a kernel whose operand or result is a bool array (it moves by DMA)",
+        before="jax 0.10's Mosaic lowering refuses every DMA of bool elements "
+        "('DMAs with bool dtypes are not supported'); 0.11 removed the refusal",
+    ),
+    "x64_pipeline": CompilerChange(
+        since="0.12.0",
+        kernel="a float32 emit_pipeline traced with jax_enable_x64 on",
+        before="up to jax 0.11 the pipeline's loop indices become 64-bit and Mosaic's verifier "
+        "refuses 'arith.cmpi' on (i32, i64) operands",
+    ),
+}
+
+
+def compiles_since(name: str, found: str | None = None) -> bool:
+    """Does the installed jax (or ``found``) compile ``COMPILER_CHANGES[name]``'s kernel?"""
+    return jax_versions.at_least(COMPILER_CHANGES[name].since, found)
