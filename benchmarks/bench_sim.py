@@ -1,4 +1,4 @@
-"""Benchmark: the coremesh CPU simulator against stock Pallas TPU interpret mode (jax 0.10.2).
+"""Benchmark: the coremesh CPU simulator against stock Pallas TPU interpret mode of the same jax.
 
 Both run the core_map guide's programs (``coremesh.testing.guide``) in fresh subprocesses with a
 timeout, one after the other; a run that does not finish in time is reported as a deadlock.
@@ -10,7 +10,9 @@ those two). "coremesh" is ``coremesh.testing.simulate`` with all its fixes.
 
     python benchmarks/bench_sim.py [--out bench-results/] [--timeout 60] [--reps 4]
 
-Prints a table and writes ``sim.json`` and ``sim.md`` to ``--out``.
+Prints a table and writes ``sim-jax<version>.json`` and ``.md`` to ``--out``; with results of
+other jax lines in the same folder (``nox -t bench-all-lines``), also ``sim-lines.md``, the lines
+side by side.
 """
 
 from __future__ import annotations
@@ -220,12 +222,17 @@ def main(argv: list[str] | None = None) -> int:
         "goals": checks,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sim.json").write_text(json.dumps(report, indent=2))
-    (args.out / "sim.md").write_text(markdown(report))
+    stem = f"sim-jax{report['jax']}"
+    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2))
+    (args.out / f"{stem}.md").write_text(markdown(report))
+    lines = sorted(args.out.glob("sim-jax*.json"))
+    (args.out / "sim-lines.md").write_text(
+        lines_markdown([json.loads(p.read_text()) for p in lines])
+    )
     print()
     for goal in checks:
         print(f"[{'PASS' if goal['met'] else 'FAIL'}] {goal['goal']}: {goal['measured']}")
-    print(f"\nwrote {args.out / 'sim.json'} and {args.out / 'sim.md'}")
+    print(f"\nwrote {args.out / stem}.json/.md and {args.out / 'sim-lines.md'}")
     return 0 if all(g["met"] for g in checks) else 1
 
 
@@ -262,19 +269,66 @@ def goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "measured": fmt_time(c["warm_s"]) if c["status"] == "ok" else c["status"],
             }
         )
+    for devices in (1, 4):
+        sc = by.get(("sc_add_one", devices))
+        if sc is not None:
+            out.append(
+                {
+                    "goal": f"sc_add_one, {devices} device(s): correct (stock is wrong)",
+                    "met": sc["coremesh"]["status"] == "ok",
+                    "measured": f"coremesh {cell(sc['coremesh'])}; stock {cell(sc['stock'])}",
+                }
+            )
     four = [r for r in rows if r["devices"] == 4]
     if four:
         met = all(r["coremesh"]["status"] == "ok" for r in four)
         stock_ok = [r["program"] for r in four if r["stock"]["status"] == "ok"]
         out.append(
             {
-                "goal": "every 4-device program finishes correctly (stock: none does)",
+                "goal": "every 4-device program finishes correctly",
                 "met": met,
                 "measured": ", ".join(f"{r['program']}: {cell(r['coremesh'])}" for r in four)
                 + (f"; stock OK on {stock_ok}" if stock_ok else "; stock OK on none"),
             }
         )
     return out
+
+
+def lines_markdown(reports: list[dict[str, Any]]) -> str:
+    """One table with every jax line's run side by side: warm time and speedup per program."""
+    reports = sorted(reports, key=lambda r: [int(p) for p in r["jax"].split(".")])
+    head = " | ".join(f"jax {r['jax']}: stock / coremesh (speedup)" for r in reports)
+    lines = [
+        "# Simulator against stock interpret mode, per jax line",
+        "",
+        "Each line's run is its own `nox -s bench` (same machine, one after the other): "
+        + ", ".join(f"jax {r['jax']} on Python {r['python']}" for r in reports)
+        + ". Warm wall time of the fastest call after the first.",
+        "",
+        f"| program | devices | {head} |",
+        "|---|---|" + "---|" * len(reports),
+    ]
+    keys = list(dict.fromkeys((r["program"], r["devices"]) for rep in reports for r in rep["rows"]))
+    for program, devices in keys:
+        cells = []
+        for rep in reports:
+            row = next(
+                (r for r in rep["rows"] if (r["program"], r["devices"]) == (program, devices)),
+                None,
+            )
+            cells.append(
+                "-"
+                if row is None
+                else f"{short(row['stock'])} / {short(row['coremesh'])} ({row['speedup']})"
+            )
+        lines.append(f"| {program} | {devices} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"
+
+
+def short(r: dict[str, Any]) -> str:
+    if r["status"] == "ok":
+        return fmt_time(r["warm_s"])
+    return r["status"].upper()
 
 
 def markdown(report: dict[str, Any]) -> str:

@@ -1,11 +1,13 @@
 """Every change the simulator makes to jax internals, in one place.
 
-Pallas' TPU interpret mode (jax 0.10.2) runs core-level kernels on the CPU, but has gaps that make
-the core_map guide's programs fail, hang or compute wrong results (``research/INTERPRET_MODE.md``
-has the analysis). Each :class:`Patch` below names the gap with its upstream location and swaps
-a few module attributes while a :func:`coremesh.testing.simulate` context is open; leaving the last
-context restores every original. The patches are written against exactly one jax version and
-refuse to install on another.
+Pallas' TPU interpret mode runs core-level kernels on the CPU, but has gaps that make the core_map
+guide's programs fail, hang or compute wrong results (``research/INTERPRET_MODE.md`` has the
+analysis). Each :class:`Patch` below names the gap with its upstream location (line numbers are
+jax 0.10.2's), the jax releases that have it (``fixed_in``), and swaps a few module attributes
+while a :func:`coremesh.testing.simulate` context is open, on those releases only; leaving the last
+context restores every original. Where the internals a patch hooks differ between the supported
+jax lines, :mod:`coremesh.testing.sim.compat` says how. A jax older than the oldest supported
+release is refused; one newer than the newest tested release gets a warning.
 
 Patches are process-wide (the interpreter's own state is too); nested contexts are counted, and
 the innermost simulated chip is the one jax sees.

@@ -1,7 +1,7 @@
 """SparseCore primitives under the interpreter: simulate what can be simulated, refuse the rest.
 
-Pallas' TPU interpreter has no rule for the SparseCore primitives of ``jax 0.10.2``: it binds them
-as they are, with buffer ids where refs belong, and fails with a misleading ``TypeError`` or an
+Pallas' TPU interpreter (jax 0.10.2 to 0.12.0.1) has no rule for the SparseCore primitives: it
+binds them as they are, with buffer ids where refs belong, and fails with a misleading ``TypeError`` or an
 "MLIR translation rule not found" error. Each kernel jaxpr level is scanned before it is
 interpreted: the primitives below are rewritten into ref reads and writes the interpreter
 understands (so they run with its memory model, DMAs and race detection), and every other
@@ -182,7 +182,7 @@ def refusal(primitive: Any) -> NotSimulatedError | None:
     if name is None:
         return None
     api = _API_NAMES.get(name, f"the SparseCore primitive {name!r}")
-    why = _WHY_BARRIER if name == "barrier" else "it has no interpreter rule in jax 0.10.2"
+    why = _WHY_BARRIER if name == "barrier" else "jax's TPU interpreter has no rule for it"
     return _not_simulated(api, why)
 
 
@@ -249,7 +249,7 @@ def _dma_refusal(eqn: Any) -> NotSimulatedError | None:
     if eqn.params.get("add"):
         return _not_simulated(
             "a DMA with add=True",
-            "the interpreter of jax 0.10.2 ignores add and overwrites the destination",
+            "jax's TPU interpreter ignores add and overwrites the destination",
         )
     src, dst, *_ = eqn.params["tree"].unflatten(eqn.invars)
     try:
