@@ -1,12 +1,12 @@
 """SparseCore primitives under the interpreter: simulate what can be simulated, refuse the rest.
 
 Pallas' TPU interpreter (jax 0.10.2 to 0.12.0.1) has no rule for the SparseCore primitives: it
-binds them as they are, with buffer ids where refs belong, and fails with a misleading ``TypeError`` or an
-"MLIR translation rule not found" error. Each kernel jaxpr level is scanned before it is
-interpreted: the primitives below are rewritten into ref reads and writes the interpreter
-understands (so they run with its memory model, DMAs and race detection), and every other
-SparseCore primitive is refused with :class:`NotSimulatedError` at trace time, so a result is never
-silently wrong.
+binds them as they are, with buffer ids where refs belong, and fails with a misleading
+``TypeError`` or an "MLIR translation rule not found" error. Each kernel jaxpr level is scanned
+before it is interpreted: the primitives below are rewritten into ref reads and writes the
+interpreter understands (so they run with its memory model, DMAs and race detection), and every
+other SparseCore primitive is refused with :class:`NotSimulatedError` at trace time, so a result is
+never silently wrong.
 
 * ``load_gather`` / ``store_scatter`` / ``addupdate_scatter``: read the ref, gather or scatter with
   numpy semantics, write it back. Masked-off lanes load the interpreter's uninitialised value and
