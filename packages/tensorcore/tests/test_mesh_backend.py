@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import coremesh.core as cc
+from coremesh.core import jax_compat
 from coremesh.core.targets import HardwareTarget
 from coremesh.tensorcore import TensorCoreBackend, TensorCoreMesh, mesh
 
@@ -19,9 +20,9 @@ def test_mesh_has_the_chips_cores(chip: str, cores: int) -> None:
     assert isinstance(m, cc.CoreMesh)
     assert dict(m.axes) == {"core": cores}
     pm = m.pallas_mesh()
-    assert type(pm).__name__ == "TensorCoreMesh"
-    assert len(pm.devices) == cores
-    assert pm.axis_names == ("core",)
+    assert isinstance(pm, jax_compat.tensorcore_mesh_class())
+    assert jax_compat.mesh_cores(pm) == cores
+    assert dict(pm.shape) == {"core": cores}
 
 
 def test_core_count_the_chip_lacks() -> None:
@@ -40,3 +41,19 @@ def test_registered_backend_serves_tensor_meshes() -> None:
     b = cc.get_backend("tensorcore")
     assert isinstance(b, TensorCoreBackend)
     assert cc.backend_for(cc.CoreKind.TENSOR) is b
+
+
+def test_import_refuses_a_jax_older_than_supported() -> None:
+    """Importing the package under a jax that says it is 0.9.4 stops with the supported range."""
+    import subprocess
+    import sys
+
+    code = "import jax; jax.__version__ = '0.9.4'; import coremesh.tensorcore"
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert run.returncode != 0
+    assert "CoremeshError: jax 0.9.4 is installed, and coremesh needs at least jax 0.10.2" in (
+        run.stderr
+    )
+    assert "jax 0.10.2 to 0.12.0.1" in run.stderr

@@ -7,12 +7,12 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from coremesh.core import Chip, CoreKind, MeshError, Target, current_target
+from coremesh.core import Chip, CoreKind, MeshError, Target, current_target, jax_compat
 
 
 @dataclasses.dataclass(frozen=True)
 class TensorCoreMesh:
-    """The TensorCores of one device, as ``pltpu.create_tensorcore_mesh`` builds them."""
+    """The TensorCores of one device, as Pallas' ``TensorCoreMesh`` spans them."""
 
     chip: Chip
     cores: int
@@ -37,9 +37,7 @@ class TensorCoreMesh:
         return MappingProxyType({self.axis_name: self.cores})
 
     def pallas_mesh(self) -> Any:
-        from jax.experimental.pallas import tpu as pltpu
-
-        return pltpu.create_tensorcore_mesh(self.axis_name, num_cores=self.cores)
+        return jax_compat.tensorcore_mesh(self.axis_name, num_cores=self.cores)
 
 
 def mesh(axis_name: str = "core", *, target: Target | None = None) -> TensorCoreMesh:
