@@ -22,6 +22,7 @@ import coremesh.core as cc
 import coremesh.tensorcore as tc
 from coremesh.collectives import blocks
 from coremesh.collectives.axes import resolve
+from coremesh.core import jax_compat
 from coremesh.testing.sim import simulate
 
 pytestmark = pytest.mark.sim
@@ -67,7 +68,7 @@ def test_the_guides_core_swap(operand: F) -> None:
         return pl.kernel(
             body,
             out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
-            mesh=pltpu.create_tensorcore_mesh("core"),
+            mesh=jax_compat.tensorcore_mesh("core"),  # the device's own cores
             compiler_params=pltpu.CompilerParams(collective_id=cid),
         )(x)
 
