@@ -47,3 +47,19 @@ def test_split_mode_device_drives_half_of_v5ps_sparsecores() -> None:
     split = mesh(target=HardwareTarget(c, 4, 1))
     assert dict(split.axes) == {"core": 2, "subcore": 16}
     assert mesh(cc.CoreKind.SPARSE_SCALAR, target=HardwareTarget(c, 4, 1)).axes == {"core": 2}
+
+
+def test_import_refuses_a_jax_older_than_supported() -> None:
+    """Importing the package under a jax that says it is 0.9.4 stops with the supported range."""
+    import subprocess
+    import sys
+
+    code = "import jax; jax.__version__ = '0.9.4'; import coremesh.sparsecore"
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert run.returncode != 0
+    assert "CoremeshError: jax 0.9.4 is installed, and coremesh needs at least jax 0.10.2" in (
+        run.stderr
+    )
+    assert "jax 0.10.2 to 0.12.0.1" in run.stderr

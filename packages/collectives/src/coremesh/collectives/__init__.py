@@ -28,6 +28,9 @@ from coremesh.collectives.ops import (
     reduce_scatter,
 )
 from coremesh.collectives.scratch import Scratch, ScratchSpec
+from coremesh.core import jax_versions
+
+jax_versions.check()  # refuse a jax older than coremesh supports; warn on an untested one
 
 __version__ = "0.1.0"
 __all__ = [

@@ -8,6 +8,7 @@ sums = sc.segment_sum(values, segment_ids, num_segments)
 bags = sc.embedding_bag(table, indices, offsets, combiner="mean")
 """
 
+from coremesh.core import jax_versions
 from coremesh.sparsecore.backend import SparseCoreBackend, SparseCoreKernel
 from coremesh.sparsecore.kernel import kernel
 from coremesh.sparsecore.mesh import SparseCoreMesh, active_sparsecores, mesh, sparsecore_of
@@ -18,6 +19,8 @@ from coremesh.sparsecore.registers import (
     register_width,
     split,
 )
+
+jax_versions.check()  # refuse a jax older than coremesh supports; warn on an untested one
 
 __version__ = "0.1.0"
 __all__ = [

@@ -4,6 +4,7 @@ Array-level ops (``map_blocks``, ``reduce``, ``matmul``, ``gather_blocks``) are 
 their jax.numpy references; ``kernel`` and ``pipeline`` are the building blocks they use.
 """
 
+from coremesh.core import jax_versions
 from coremesh.core.sharding import device_shards, inside_shard_map, on_devices
 from coremesh.tensorcore.backend import TensorCoreBackend, TensorCoreKernel
 from coremesh.tensorcore.blocks import choose_block, choose_matmul_blocks, choose_resident_plan
@@ -14,6 +15,8 @@ from coremesh.tensorcore.ops.map_blocks import map_blocks
 from coremesh.tensorcore.ops.matmul import matmul
 from coremesh.tensorcore.ops.reduce import reduce
 from coremesh.tensorcore.pipeline import core_share, pipeline, sub_blocks
+
+jax_versions.check()  # refuse a jax older than coremesh supports; warn on an untested one
 
 __version__ = "0.1.0"
 __all__ = [
