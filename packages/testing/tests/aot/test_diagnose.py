@@ -30,7 +30,7 @@ from coremesh.testing.aot.diagnose import (
     headline,
 )
 from coremesh.testing.aot.topology import CompileTarget
-from coremesh.testing.aot.versions import compiles_since
+from coremesh.testing.aot.versions import has_change
 
 
 def failure(program: Any, chip: str, **kw: Any) -> DiagnosedError:
@@ -162,7 +162,7 @@ def test_sparsecore_program_not_marked_as_such_on_v5e() -> None:
 
 def test_x64_mode_and_the_pipeline_indices() -> None:
     # Line-aware: jax 0.12 traces the pipeline's indices in 32 bits even with x64 on.
-    if compiles_since("x64_pipeline"):
+    if has_change("x64_pipeline"):
         with jax.enable_x64(True):
             r = compile_on(kp.ADD_ONE, CompileTarget.for_chip("v5p"), prevalidate=False)
         assert r.status == "ok", r.error
@@ -218,7 +218,7 @@ def test_float16_operands_mosaic_refuses(chip: str) -> None:
 def test_bool_operands_by_jax_line(chip: str) -> None:
     # Line-aware (versions.COMPILER_CHANGES["bool_operand"]): jax 0.10 refuses bool DMAs in its
     # Mosaic lowering, 0.11 and later lower them.
-    if compiles_since("bool_operand"):
+    if has_change("bool_operand"):
         (r,) = compile_program(kp.copy(jnp.bool_), [chip], prevalidate=False)
         assert r.status == "ok", r.error
         return
@@ -228,6 +228,30 @@ def test_bool_operands_by_jax_line(chip: str) -> None:
     assert "DMAs with bool dtypes are not supported" in err.compiler_message
     assert "bool cannot be a TPU kernel" in err.what
     assert "int8" in str(err.fix)
+
+
+@pytest.mark.parametrize("chip", ["v5e", "TPU7x"])
+def test_ref_memory_space_by_jax_line(chip: str) -> None:
+    # Line-aware (versions.COMPILER_CHANGES["traced_attribute"]): jax 0.10 answers
+    # ref.memory_space while tracing, 0.11 and later raise and say what to read instead.
+    if not has_change("traced_attribute"):
+        (r,) = compile_program(kp.reads_memory_space(), [chip], prevalidate=False)
+        assert r.status == "ok", r.error
+        return
+    err = failure(kp.reads_memory_space(), chip)
+    assert err.kind == "traced_attribute"
+    assert "'memory_space' attribute is not available" in err.compiler_message
+    assert "reads .memory_space of a traced value" in err.what
+    assert "jax.typeof(x).memory_space" in str(err.fix)
+
+
+def test_traced_attribute_without_a_suggestion() -> None:
+    text = (
+        "ValueError: The 'sharding' attribute is not available on traced array with shape f32[8]."
+    )
+    err = explain(RuntimeError(text), chip="v5e")
+    assert isinstance(err, CompilerError) and err.kind == "traced_attribute"
+    assert "jax.typeof(x).sharding" in str(err.fix)
 
 
 @pytest.mark.parametrize("chip", ["v5p", "v6e", "TPU7x"])

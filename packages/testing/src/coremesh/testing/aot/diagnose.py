@@ -25,6 +25,7 @@ indexed_dma_row        ``expected slice size (64) to be aligned with ... (128)``
 no_sparsecore          ``'NoneType' object has no attribute 'num_cores'``          UnsupportedOnChip
 x64                    ``'arith.cmpi' op requires all operands ... (i32, i64)``    CompileError
 operand_dtype          ``Only arguments with ... or 32-bit element types ...``    UnsupportedOnChip
+traced_attribute       ``The 'memory_space' attribute is not available on ...``    CompileError
 unknown                anything else                                               CompileError
 =====================  ==========================================================  ==============
 """
@@ -432,6 +433,28 @@ def _x64(_m: re.Match[str], ctx: _Context) -> DiagnosedError:
     )
 
 
+def _traced_attribute(m: re.Match[str], ctx: _Context) -> DiagnosedError:
+    attr = m.group("attr")
+    use = m.group("use") or f"jax.typeof(x).{attr}"
+    return CompilerError(
+        f"{ctx.where} reads .{attr} of a traced value, which jax {_jax_version()} refuses "
+        "(ValueError, which getattr(x, name, default) does not catch)",
+        compiler_message=ctx.text,
+        kind="traced_attribute",
+        program=ctx.program,
+        rule=f"from jax 0.11 a tracer (a kernel's Ref among them) has no .{attr}: it belongs to "
+        "the abstract value; jax 0.10 forwarded it",
+        chip=ctx.chip.name,
+        fix=f"read {use} instead (it works on jax 0.10 too)",
+    )
+
+
+def _jax_version() -> str:
+    from coremesh.testing.aot.versions import jax_version
+
+    return jax_version()
+
+
 def _operand_dtype(m: re.Match[str], ctx: _Context) -> DiagnosedError:
     dtype = "bool" if m.group("bool") else "float16"
     try:
@@ -567,6 +590,15 @@ _CATALOGUE: tuple[tuple[str, re.Pattern[str], _Rule], ...] = (
             r"|(?P<bool>DMAs with bool dtypes are not supported)"
         ),
         _operand_dtype,
+    ),
+    (
+        "traced_attribute",
+        re.compile(
+            r"The '(?P<attr>\w+)' (?:attribute|method) is not available on [^\n]*?"
+            r"(?:Use `(?P<use>[^`]+)` instead|$)",
+            re.M,
+        ),
+        _traced_attribute,
     ),
 )
 

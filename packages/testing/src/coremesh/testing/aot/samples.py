@@ -16,6 +16,8 @@ add_one_4x100            block offsets not aligned to the (8, 128) tiles (every 
 add_one_8x64             DMA runs not a multiple of 512 bytes (v4, v5e); 4096-bit word
                          alignment (TPU7x); compiles on v5p and v6e
 matmul_int8/_int4/...    E2001 unsupported matmul operand type (v4)
+reads_memory_space       (not in BAD: jax 0.10 compiles it) ref.memory_space refused from
+                         jax 0.11, every chip
 sc_scratch_1024kib       E3000 SparseCore allocation failure (v5p, v6e, TPU7x)
 =======================  ========================================================================
 """
@@ -133,6 +135,26 @@ def copy(dtype: Any, rows: int = 32, cols: int = 256) -> FunctionProgram:
         name=f"copy_{jnp.dtype(dtype).name}",
         builder=build,
         args=lambda n: [Arg((rows * n, cols), dtype, ROWS)],
+    )
+
+
+def reads_memory_space() -> FunctionProgram:
+    """A copy kernel that asks its operand ref for ``.memory_space`` while tracing, as code written
+    for jax 0.10 does (``getattr(ref, "memory_space", "")``); jax 0.11 and later refuse."""
+
+    def kernel(x_hbm: Any, o_hbm: Any) -> None:
+        if "vmem" in str(getattr(x_hbm, "memory_space", "")).lower():
+            raise AssertionError("the operand is in HBM")  # pragma: no cover
+        pltpu.sync_copy(x_hbm, o_hbm)
+
+    def build(mesh: Any) -> Any:
+        tc_mesh = jax_compat.tensorcore_mesh("core", num_cores=1)
+        return _shard(mesh, lambda x: pl.kernel(kernel, out_type=x, mesh=tc_mesh)(x))
+
+    return FunctionProgram(
+        name="reads_memory_space",
+        builder=build,
+        args=lambda n: [Arg((32 * n, 256), jnp.float32, ROWS)],
     )
 
 

@@ -16,8 +16,8 @@ static cycle profile   >= 0.0.52    ``LibtpuError`` from ``profile()`` before an
 
 Mosaic's lowering is part of jax, so a kernel can compile on one jax line and not on another with
 the same libtpu. ``COMPILER_CHANGES`` lists the differences the compile checks met on the
-supported lines (each has a test on every line); ``compiles_since(name)`` says whether the
-installed jax has the newer behaviour.
+supported lines (each has a test on every line); ``has_change(name)`` says whether the installed
+jax has the newer behaviour.
 """
 
 from __future__ import annotations
@@ -116,30 +116,41 @@ def require_static_profile() -> str:
 
 @dataclasses.dataclass(frozen=True)
 class CompilerChange:
-    """A kernel that compiles from jax ``since`` on (libtpu 0.0.52 on every line)."""
+    """``kernel`` behaves as ``before`` says up to jax ``since`` and as ``after`` says from it on
+    (libtpu 0.0.52 on every line)."""
 
     since: str
     kernel: str
     before: str
+    after: str
 
 
-#: What compiles on newer jax lines only; measured on 0.10.2, 0.11.2 and 0.12.0.1.
+#: Kernels whose compile verdict depends on the jax line; measured on 0.10.2, 0.11.2, 0.12.0.1.
 COMPILER_CHANGES: dict[str, CompilerChange] = {
     "bool_operand": CompilerChange(
         since="0.11.0",
         kernel="a kernel whose operand or result is a bool array (it moves by DMA)",
-        before="jax 0.10's Mosaic lowering refuses every DMA of bool elements "
-        "('DMAs with bool dtypes are not supported'); 0.11 removed the refusal",
+        before="refused: jax 0.10's Mosaic lowering refuses every DMA of bool elements "
+        "('DMAs with bool dtypes are not supported')",
+        after="compiles: jax 0.11 removed the refusal",
     ),
     "x64_pipeline": CompilerChange(
         since="0.12.0",
         kernel="a float32 emit_pipeline traced with jax_enable_x64 on",
-        before="up to jax 0.11 the pipeline's loop indices become 64-bit and Mosaic's verifier "
+        before="refused: the pipeline's loop indices become 64-bit and Mosaic's verifier "
         "refuses 'arith.cmpi' on (i32, i64) operands",
+        after="compiles",
+    ),
+    "traced_attribute": CompilerChange(
+        since="0.11.0",
+        kernel="a kernel that reads ref.memory_space (or .sharding) while tracing",
+        before="compiles: jax 0.10's tracers forward the attribute to their abstract value",
+        after="refused: the tracer raises ValueError ('Use `jax.typeof(x).memory_space` "
+        "instead'), which getattr with a default does not catch",
     ),
 }
 
 
-def compiles_since(name: str, found: str | None = None) -> bool:
-    """Does the installed jax (or ``found``) compile ``COMPILER_CHANGES[name]``'s kernel?"""
+def has_change(name: str, found: str | None = None) -> bool:
+    """Does the installed jax (or ``found``) behave as ``COMPILER_CHANGES[name].after`` says?"""
     return jax_versions.at_least(COMPILER_CHANGES[name].since, found)
