@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from coremesh.core.chips import CHIPS
-from coremesh.testing.cli import main
+from coremesh.testing.cli import _made_by, main
 from coremesh.testing.guide import PROGRAMS as GUIDE
 
 
@@ -122,4 +122,10 @@ def test_aot_all_checks_the_shipped_programs_and_a_baseline(
     baseline = tmp_path / "baseline.json"
     baseline.write_text(json.dumps(doc))
     assert main(["aot-all", "--chips", "v5e", "-q", "--baseline", str(baseline)]) == 1
-    assert "regression: sc_add_one on v5e" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "regression: sc_add_one on v5e (single) compiled in the baseline, now" in err
+    # A baseline from another jax line says which.
+    assert _made_by(str(baseline)) == ""
+    doc["versions"]["jax"] = "0.9.0"
+    baseline.write_text(json.dumps(doc))
+    assert _made_by(str(baseline)) == f" (jax 0.9.0, libtpu {doc['versions']['libtpu']})"

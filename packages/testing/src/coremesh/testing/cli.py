@@ -145,7 +145,8 @@ def _parser() -> argparse.ArgumentParser:
         "--baseline",
         metavar="PATH",
         default=None,
-        help="a previous --json result; fail when something that compiled there does not now",
+        help="a previous --json result (of this or another jax line); fail when something "
+        "that compiled there does not now",
     )
 
     sub.add_parser("demo", help="run the core_map guide's programs end to end")
@@ -218,11 +219,13 @@ def _compile_and_report(
     if not _write_json(args.json, to_json(results), stdout):
         stdout.write(matrix_table(results, args.format) + "\n")
     unexpected = [r for r in results if not r.as_expected]
-    regressed = _regressions(results, getattr(args, "baseline", None))
+    baseline = getattr(args, "baseline", None)
+    regressed = _regressions(results, baseline)
+    made_by = _made_by(baseline) if regressed else ""
     for r in regressed:
         stderr.write(
-            f"regression: {r.program} on {r.chip} ({r.mode}) compiled in the baseline, "
-            f"now {r.status}\n"
+            f"regression: {r.program} on {r.chip} ({r.mode}) compiled in the baseline"
+            f"{made_by}, now {r.status}\n"
         )
     if not args.quiet:
         stderr.write(
@@ -242,6 +245,22 @@ def _regressions(results: Sequence[Any], baseline: str | None) -> list[Any]:
         before = json.load(f).get("compile", [])
     ok_before = {(d["program"], d["chip"], d["mode"]) for d in before if d["status"] == "ok"}
     return [r for r in results if (r.program, r.chip, r.mode) in ok_before and not r.ok]
+
+
+def _made_by(baseline: str | None) -> str:
+    """`` (jax 0.10.2, libtpu 0.0.52)``: what compiled the baseline, against what runs now."""
+    import json
+
+    from coremesh.testing.aot.report import versions
+
+    if baseline is None:
+        return ""
+    with open(baseline, encoding="utf-8") as f:
+        then = json.load(f).get("versions") or {}
+    now = versions()
+    if (then.get("jax"), then.get("libtpu")) == (now["jax"], now["libtpu"]):
+        return ""
+    return f" (jax {then.get('jax')}, libtpu {then.get('libtpu')})"
 
 
 #: Entry-point group where packages list the programs they ship (``name = "module:ATTR"``).
