@@ -5,8 +5,11 @@
 2. libtpu's static cycle estimate per kernel and chip (child processes), next to the roofline
    bound from the chip registry and XLA's own version of the same computation.
 
-Writes ``aot.md``, ``aot.json`` and ``aot.png`` to ``--out`` (default ``bench-results/``) and
-prints the tables. Exit status 1 when a program does not compile where it should.
+Writes ``aot-jax<version>-libtpu<version>.{md,json,png}`` to ``--out`` (default
+``bench-results/``), so runs on different jax lines (``nox -s bench`` runs one per line) and
+libtpu releases sit side by side, and prints the tables. When the directory holds results of other
+runs, ``aot-lines.md`` shows how each guide program's estimate moved between them (program x chip
+x run). Exit status 1 when a program does not compile where it should.
 
     python benchmarks/bench_aot.py --out bench-results
 """
@@ -18,6 +21,7 @@ import time
 T_START = time.perf_counter()
 
 import argparse  # noqa: E402 - the clock starts before the imports it measures
+import importlib.util  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
@@ -82,12 +86,79 @@ def main(argv: list[str] | None = None) -> int:
         "machine": platform.platform(),
     }
     md = report(matrix, cycles, timing)
-    (out / "aot.md").write_text(md)
-    (out / "aot.json").write_text(aot.to_json(matrix, cycles, timing=timing))
-    chart(cycles, out / "aot.png")
+    name = run_name()  # dotted versions: Path.with_suffix would cut them
+    written = [out / f"{name}.md", out / f"{name}.json"]
+    written[0].write_text(md)
+    written[1].write_text(aot.to_json(matrix, cycles, timing=timing))
+    if importlib.util.find_spec("matplotlib") is None:
+        print("no chart: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
+    else:
+        chart(cycles, out / f"{name}.png")
+        written.append(out / f"{name}.png")
     print(md)
-    print(f"wrote {out / 'aot.md'}, {out / 'aot.json'}, {out / 'aot.png'}", file=sys.stderr)
+    lines = compare_runs(out)
+    if lines is not None:
+        (out / "aot-lines.md").write_text(lines)
+        written.append(out / "aot-lines.md")
+        print(lines)
+    print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
     return 0 if all(r.as_expected for r in matrix) else 1
+
+
+def run_name() -> str:
+    """``aot-jax0.12.0.1-libtpu0.0.52``: the versions that made this run's numbers."""
+    from coremesh.testing.aot.versions import jax_version, libtpu_version
+
+    return f"aot-jax{jax_version()}-libtpu{libtpu_version()}"
+
+
+def compare_runs(out: Path) -> str | None:
+    """The estimates of every run in ``out`` side by side; None when there is only one run."""
+    import json
+
+    from coremesh.testing.aot import lines_table
+
+    records = []
+    verdicts: dict[tuple[str, str], dict[str, str]] = {}
+    for path in sorted(out.glob("aot-jax*-libtpu*.json")):
+        doc = json.loads(path.read_text())
+        records += doc.get("cycles", [])
+        run = f"jax {doc['versions']['jax']} / libtpu {doc['versions']['libtpu']}"
+        for c in doc.get("compile", []):
+            verdicts.setdefault((c["program"], c["chip"]), {})[run] = c["status"]
+    runs = {(r.get("jax"), r.get("libtpu")) for r in records}
+    if len(runs) < 2:
+        return None
+    differ = [
+        f"- {program} on {chip}: " + ", ".join(f"{run}: {v}" for run, v in sorted(by.items()))
+        for (program, chip), by in verdicts.items()
+        if len(set(by.values())) > 1
+    ]
+    return "\n".join(
+        [
+            "# Compile verdicts and static cycle estimates across jax lines and libtpu releases",
+            "",
+            "## Compile verdicts that differ between runs",
+            "",
+            *(differ or ["None: every program has the same verdict on every chip in every run."]),
+            "",
+            "## Static cycle estimates",
+            "",
+            f"The guide's programs, from the {len(runs)} runs in this directory "
+            "(aot-jax*-libtpu*.json). Cells: libtpu's estimate in cycles (no estimate / n/a "
+            "where there is none); the last column is the change from the oldest run to the "
+            "newest with an estimate.",
+            "",
+            "### Pallas kernels",
+            "",
+            lines_table(records, "markdown"),
+            "",
+            "### XLA's version of the same computation",
+            "",
+            lines_table(records, "markdown", variant="xla"),
+            "",
+        ]
+    )
 
 
 def report(matrix: list[Any], cycles: list[Any], timing: dict[str, Any]) -> str:
