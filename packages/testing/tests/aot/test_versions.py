@@ -9,6 +9,7 @@ from typing import Any
 import jax
 import pytest
 
+from coremesh.core.errors import MeshError
 from coremesh.testing.aot import compile_on, profile, versions
 from coremesh.testing.aot.topology import CompileTarget
 from coremesh.testing.cli import main
@@ -88,6 +89,23 @@ def test_compiling_with_an_older_libtpu_is_allowed(monkeypatch: pytest.MonkeyPat
     # Any libtpu compiles; only the static profile needs 0.0.52.
     fake_libtpu(monkeypatch, "0.0.42.1")
     assert compile_on(GUIDE["add_one"], CompileTarget.for_chip("v6e")).status == "ok"
+
+
+def test_a_topology_an_older_libtpu_refuses_names_the_upgrade(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # libtpu 0.0.42.1 refuses TPU7x:2x1x1 (measured); here libtpu 0.0.52 refuses v6e:3x3, which
+    # is a plain MeshError with the libtpu coremesh is built against, and names the upgrade
+    # with an older one.
+    with pytest.raises(MeshError, match="libtpu has no topology v6e:3x3"):
+        CompileTarget.for_chip("v6e", topology="3x3").devices  # noqa: B018
+    fake_libtpu(monkeypatch, "0.0.42.1")
+    with pytest.raises(versions.LibtpuError) as e:
+        CompileTarget.for_chip("v6e", topology="3x3").devices  # noqa: B018
+    assert "libtpu 0.0.42.1 has no topology v6e:3x3" in e.value.what
+    assert (e.value.found, e.value.needed, e.value.chip) == ("0.0.42.1", "0.0.52", "v6e")
+    assert "pip install libtpu==0.0.52" in str(e.value.fix)
+    assert "not divisible" in str(e.value.rule)  # libtpu's own words
 
 
 def test_the_cli_reports_a_missing_libtpu_as_a_usage_error(

@@ -191,6 +191,17 @@ def topology_devices(spec: TopologySpec) -> tuple[Any, ...]:
     try:
         devices = _devices(spec.name, key)
     except Exception as e:  # libtpu's own error text names what it did not accept
+        found = versions.libtpu_version()
+        if versions.older_than_tested(found):
+            raise versions.LibtpuError(
+                f"libtpu {found} has no topology {spec.name} ({spec.mode}); coremesh's chip "
+                f"registry is built against libtpu {versions.TESTED_LIBTPU}",
+                found=found,
+                needed=versions.TESTED_LIBTPU,
+                rule=f"libtpu said: {e}",
+                fix=versions.install_fix(),
+                chip=spec.chip.name,
+            ) from e
         raise MeshError(
             f"libtpu has no topology {spec.name} ({spec.mode})",
             rule=f"libtpu said: {e}",

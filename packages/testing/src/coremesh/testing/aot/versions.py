@@ -1,16 +1,18 @@
 """Which jax and libtpu produced a compile verdict or a cycle estimate, and the libtpu needed.
 
-Compile-only checks need libtpu installed (any release compiles, but the error catalogue of
-``diagnose`` and the expected verdicts are libtpu 0.0.52's). Static cycle estimates need libtpu
-0.0.52 or newer: on 0.0.42.1 the static profile aborts the process for TPU7x and reports 0 cycles
-for remote-DMA kernels (research/AOT_COMPILE.md), and releases between are untested. Estimates move
+Compile-only checks need libtpu installed (older releases compile, but the error catalogue of
+``diagnose``, the expected verdicts and the topologies are libtpu 0.0.52's: 0.0.42.1 refuses
+``TPU7x:2x1x1``, the slice of 4 TPU7x devices). Static cycle estimates need libtpu 0.0.52 or
+newer: on 0.0.42.1 the static profile aborts the process for TPU7x and reports 0 cycles for
+remote-DMA kernels (research/AOT_COMPILE.md), and releases between are untested. Estimates move
 between libtpu releases (and with the HLO each jax line emits), so every estimate records both
 versions (``CycleEstimate.jax_version``/``libtpu_version``).
 
 =====================  ===========  ==========================================================
 what                   libtpu       when it is missing or older
 =====================  ===========  ==========================================================
-compile-only checks    installed    ``LibtpuError`` (pytest: the ``aot`` fixtures skip)
+compile-only checks    installed    ``LibtpuError`` (pytest: the ``aot`` fixtures skip); a
+                                    topology an older libtpu lacks is one too, per chip
 static cycle profile   >= 0.0.52    ``LibtpuError`` from ``profile()`` before any child starts
 =====================  ===========  ==========================================================
 
@@ -40,9 +42,18 @@ _DISTRIBUTIONS = ("libtpu", "libtpu-nightly")
 class LibtpuError(CoremeshError, RuntimeError):
     """libtpu is missing, or too old for what was asked of it."""
 
-    def __init__(self, what: str, *, found: str | None, needed: str, rule: str, fix: str) -> None:
+    def __init__(
+        self,
+        what: str,
+        *,
+        found: str | None,
+        needed: str,
+        rule: str,
+        fix: str,
+        chip: str | None = None,
+    ) -> None:
         self.found, self.needed = found, needed
-        super().__init__(what, rule=rule, fix=fix)
+        super().__init__(what, rule=rule, fix=fix, chip=chip)
 
 
 def libtpu_version() -> str | None:
@@ -96,6 +107,11 @@ def check_libtpu(found: str | None, *, needed: str | None, purpose: str) -> None
             "older releases abort the compile on TPU7x and count remote DMAs as 0 cycles",
             fix=install_fix(needed),
         )
+
+
+def older_than_tested(found: str | None) -> bool:
+    """Is ``found`` a libtpu older than the one coremesh's chip registry was built against?"""
+    return found is not None and parse(found) < parse(TESTED_LIBTPU)
 
 
 def require_compiler() -> str:
