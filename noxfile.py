@@ -280,7 +280,7 @@ def _typecheck(session: nox.Session, line: Line) -> None:
     _report_jax(session, line)
     srcs = [str(ROOT / "packages" / p / d) for p in PACKAGES for d in ("src", "tests")]
     # examples/ stays as close to the core_map guide's text as it can, so it is linted, not typed.
-    extra = [str(ROOT / d) for d in ("benchmarks", "noxfile.py")]
+    extra = [str(ROOT / d) for d in ("benchmarks", "tests", "noxfile.py")]
     # pyproject's python_version is the oldest supported Python; each line is checked as the
     # Python it runs on, with a cache of its own (lines on one Python hold different jax).
     cache = os.path.join(session.virtualenv.location, "mypy-cache")
@@ -375,6 +375,17 @@ def lines(session: nox.Session) -> None:
     missing = [line.name for line in LINES if line.interpreter is None]
     if missing and "--require-all" in session.posargs:
         session.error(f"lines without a Python here: {', '.join(missing)}")
+
+
+@nox.session(python=_python_of(DEFAULT))
+def readme(session: nox.Session) -> None:
+    """README.md's install commands, quick tour and `coremesh check` run as written, each in a
+    fresh environment made from a copy of the packages (tests/test_readme.py)."""
+    line = _start(session, DEFAULT, newest=True)
+    # pytest's configuration names coremesh's warning class, so coremesh-core is importable here.
+    session.install("-c", line.constraints, str(ROOT / "packages" / "core"), "pytest>=8")
+    session.install("pytest-timeout>=2.3")
+    session.run("pytest", str(ROOT / "tests"), "-p", "no:cacheprovider", *session.posargs)
 
 
 @nox.session(python=_python_of(DEFAULT))
