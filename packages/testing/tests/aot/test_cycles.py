@@ -123,9 +123,23 @@ def test_add_one_cycles_are_libtpus(
     assert {o.name: o.cycles for o in r.ops} == reference[chip][variant]
     cycles = sum(reference[chip][variant].values())
     assert r.cycles == cycles
+    assert all(o.cycles is not None and o.cycles > 0 for o in r.ops)
     kinds = {o.kind for o in r.ops}
     assert kinds == ({"mosaic"} if variant == "kernel" else {"xla"})
     assert r.seconds == pytest.approx(cycles / CHIPS[chip].clock_hz)
+
+
+def test_bigger_blocks_estimate_fewer_cycles_for_the_same_work() -> None:
+    # (8, 128) blocks pay the pipeline's per-step cost 128 times as often as (256, 512) blocks
+    # for the same 1 MiB per device: libtpu 0.0.52 puts them ~50x apart on every jax line.
+    refs = [
+        "coremesh.testing.aot.samples:ADD_ONE",
+        "coremesh.testing.aot.samples:ADD_ONE_BIG_BLOCKS",
+    ]
+    small, big = profile(refs, ["v5p"], include_xla=False)
+    assert (small.program, big.program) == (kp.ADD_ONE.name, kp.ADD_ONE_BIG_BLOCKS.name)
+    assert small.cycles is not None and big.cycles is not None
+    assert 0 < big.cycles * 10 < small.cycles
 
 
 @pytest.mark.parametrize("chip", ESTIMATED)
@@ -222,7 +236,7 @@ def test_lines_table_puts_runs_side_by_side_oldest_first() -> None:
     ]
     table = lines_table(records, "plain")
     header, _, *rows = table.splitlines()
-    assert header.split("  ")[:2] == ["program", "chip"]
+    assert header.split()[:2] == ["program", "chip"]
     assert header.index("jax 0.10.2") < header.index("jax 0.11.2") < header.index("jax 0.12.0.1")
     cells = [row.split() for row in rows]
     assert cells[0] == ["add_one", "v4", "no", "estimate", "no", "estimate"]
