@@ -1,11 +1,11 @@
 """``coremesh demo``: the core_map guide's programs end to end, on a laptop CPU.
 
-1. the chip registry; 2. the guide's five programs on a simulated v5p slice (4 devices x 2
-TensorCores, both DMA modes, and 1 device), each checked against numpy; 3. the TensorCore and
-SparseCore ops and the collectives on the simulator; 4. every program compiled by libtpu for
-every TPU generation; 5. a kernel that waits for a semaphore nobody signals, turned into an error
-instead of a hang. Exit status 1 if anything does not match its reference or does not compile
-where it should.
+The chip registry; the guide's five programs on a simulated v5p slice (4 devices x 2 TensorCores,
+both DMA modes, and 1 device), each checked against numpy; the TensorCore and SparseCore ops and
+the collectives on the simulator; every program compiled by libtpu for every TPU generation, with
+progress; a kernel that waits for a semaphore nobody signals, turned into an error instead of a
+hang. Sections are numbered as they are shown. Exit status 1 if anything does not match its
+reference or does not compile where it should.
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ HOST_DEVICES = 16
 
 class _Log:
     def __init__(self, out: TextIO) -> None:
-        self.out, self.failures = out, 0
+        self.out, self.failures, self.sections = out, 0, 0
 
     def section(self, title: str) -> None:
-        self.out.write(f"\n== {title} ==\n")
+        """A numbered heading: sections are numbered in the order they are shown."""
+        self.sections += 1
+        self.out.write(f"\n== {self.sections}. {title} ==\n")
         self.out.flush()
 
     def line(self, text: str) -> None:
@@ -49,14 +51,14 @@ class _Log:
 
 
 def _chips(log: _Log) -> None:
-    log.section("1. The TPU generations coremesh knows (coremesh.core.CHIPS)")
-    log.line(f"  {'chip':6} {'TC/device':>9} {'SparseCore':>12} {'VMEM/TC':>8} {'HBM TB/s':>9}")
-    for c in CHIPS.values():
-        sc = f"{c.sparsecore.cores}x{c.sparsecore.subcores}" if c.sparsecore else "none"
-        log.line(
-            f"  {c.name:6} {c.default_cores_per_device:>9} {sc:>12} "
-            f"{c.vmem_bytes_per_core >> 20:>5} MiB {c.hbm_bytes_per_s / 1e12:>9.2f}"
-        )
+    from coremesh.testing import chip_table
+    from coremesh.testing.aot.report import format_table
+
+    log.section("The TPU generations coremesh knows (coremesh.core.CHIPS, as `coremesh info`)")
+    for text in format_table(list(chip_table.HEADERS), chip_table.rows(), "plain").splitlines():
+        log.line(f"  {text}")
+    for note in chip_table.core_notes():
+        log.line(f"  {note}")
 
 
 def _guide(log: _Log) -> None:
@@ -70,7 +72,7 @@ def _guide(log: _Log) -> None:
         (4, "eager"),
         (1, "on_wait"),
     ]
-    log.section("2. The core_map guide's programs on the CPU simulator (chip v5p)")
+    log.section("The core_map guide's programs on the CPU simulator (chip v5p)")
     for devices, mode in configs:
         with simulate("v5p", devices, dma_execution_mode=mode) as sim:
             where = f"{devices} device(s) x {sim.cores_per_device} TensorCores, DMA {mode}"
@@ -105,14 +107,14 @@ def _tensorcore_ops(log: _Log) -> None:
     try:
         import coremesh.tensorcore as tc
     except ImportError:
-        log.section("3. coremesh.tensorcore ops (skipped: coremesh-tensorcore not installed)")
+        log.section("coremesh.tensorcore ops (skipped: coremesh-tensorcore not installed)")
         return
     import jax.numpy as jnp
     import numpy as np
 
     from coremesh.testing.sim import simulate
 
-    log.section("3. coremesh.tensorcore ops on the simulator (v5p, 2 devices x 2 TensorCores)")
+    log.section("coremesh.tensorcore ops on the simulator (v5p, 2 devices x 2 TensorCores)")
     rng = np.random.default_rng(0)
     x = (rng.integers(-64, 64, (256, 512)) / 4).astype(np.float32)
     y = (rng.integers(-64, 64, (256, 512)) / 4).astype(np.float32)
@@ -154,7 +156,7 @@ def _sparsecore_ops(log: _Log) -> None:
     try:
         import coremesh.sparsecore as sc
     except ImportError:
-        log.section("3b. coremesh.sparsecore ops (skipped: coremesh-sparsecore not installed)")
+        log.section("coremesh.sparsecore ops (skipped: coremesh-sparsecore not installed)")
         return
     import jax.numpy as jnp
     import numpy as np
@@ -170,13 +172,13 @@ def _sparsecore_ops(log: _Log) -> None:
     np.add.at(scatter_ref, idx, upd)
     segment_ref = np.zeros((40, 128), np.float32)
     np.add.at(segment_ref, seg, upd)
+    log.section("coremesh.sparsecore ops on the simulator (1 device of v5p, then of TPU7x)")
     for chip in ("v5p", "TPU7x"):
         with simulate(chip, 1) as sim:
             spec = sim.chip.sparsecore
             assert spec is not None
-            log.section(
-                f"3b. coremesh.sparsecore ops on a simulated {chip} "
-                f"({spec.cores} SparseCores x {spec.subcores} subcores, {spec.lanes} lanes)"
+            log.line(
+                f"  {chip}: {spec.cores} SparseCores x {spec.subcores} subcores, {spec.lanes} lanes"
             )
             checks: list[tuple[str, Callable[[], Any], Any]] = [
                 (
@@ -207,13 +209,13 @@ def _collectives(log: _Log) -> None:
     try:
         import coremesh.collectives as cl
     except ImportError:
-        log.section("3c. coremesh.collectives (skipped: coremesh-collectives not installed)")
+        log.section("coremesh.collectives (skipped: coremesh-collectives not installed)")
         return
     import numpy as np
 
     from coremesh.testing.sim import simulate
 
-    log.section("3c. coremesh.collectives on a simulated v5p slice (4 devices x 2 TensorCores)")
+    log.section("coremesh.collectives on a simulated v5p slice (4 devices x 2 TensorCores)")
     rng = np.random.default_rng(2)
     x = rng.integers(-8, 8, (4 * 256, 256)).astype(np.float32)  # 256 rows per device
     shards = x.reshape(4, 256, 256)
@@ -262,11 +264,9 @@ def _compile(log: _Log) -> None:
         except ImportError:
             continue
         programs += module.programs()
-    log.section(
-        f"4. Compiled by libtpu for every TPU generation, no TPU ({len(programs)} programs)"
-    )
+    log.section(f"Compiled by libtpu for every TPU generation, no TPU ({len(programs)} programs)")
     t = time.perf_counter()
-    results = aot.compile_matrix(programs, list(CHIPS))
+    results = aot.compile_matrix(programs, list(CHIPS), progress=_compile_progress(log, t))
     log.line(aot.matrix_table(results, "plain"))
     unexpected = [r for r in results if not r.as_expected]
     log.line(
@@ -274,6 +274,19 @@ def _compile(log: _Log) -> None:
         f"{len(unexpected)} not as expected"
     )
     log.failures += len(unexpected)
+
+
+def _compile_progress(log: _Log, started: float, every: int = 20) -> Callable[[Any], None]:
+    """A line every ``every`` compiles (and at the last), so a long matrix shows it is moving."""
+
+    def report(p: Any) -> None:
+        if p.result is not None and (p.index % every == 0 or p.index == p.total):
+            log.line(
+                f"  compiled {p.index}/{p.total} (last: {p.program} on {p.chip}), "
+                f"{time.perf_counter() - started:.0f} s"
+            )
+
+    return report
 
 
 def _deadlock(log: _Log) -> None:
@@ -284,7 +297,7 @@ def _deadlock(log: _Log) -> None:
 
     from coremesh.testing.sim import SimulationDeadlock, simulate
 
-    log.section("5. A kernel that waits for a signal nobody sends")
+    log.section("A kernel that waits for a signal nobody sends")
 
     def body(_o_hbm: Any, sem: Any) -> None:
         pl.semaphore_wait(sem, 1)  # no core ever signals it
