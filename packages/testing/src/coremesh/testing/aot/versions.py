@@ -103,8 +103,9 @@ def check_libtpu(found: str | None, *, needed: str | None, purpose: str) -> None
             f"libtpu {found} is installed, and {purpose} need libtpu {needed} or newer",
             found=found,
             needed=needed,
-            rule=f"libtpu's static profile estimates v5e, v5p, v6e and TPU7x from {needed} on; "
-            "older releases abort the compile on TPU7x and count remote DMAs as 0 cycles",
+            rule=f"coremesh's static estimates are taken and tested with libtpu {needed}, whose "
+            "profile covers v5e, v5p, v6e and TPU7x; 0.0.42.1's aborts the compile on TPU7x and "
+            "counts remote DMAs as 0 cycles, and the releases between are untested",
             fix=install_fix(needed),
         )
 
