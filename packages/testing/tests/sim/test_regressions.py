@@ -167,19 +167,25 @@ def test_host_devices() -> None:
 
 
 #: Does stock interpret mode hang on the 4-device add_one (io_callback's device_put)? Measured
-#: per line; the test below checks the table against a stock run.
-IO_CALLBACK_HANGS = {"0.10.2": True, "0.11.2": True, "0.12.0.1": False}
+#: per line, one stock run at a time and beside others: jax 0.10.2 hangs every time (3 of 3 alone),
+#: 0.11.2's jaxlib only under load (0 of 3 alone; it hung beside this suite's other stock runs),
+#: 0.12.0.1 in no run here (the bench, this suite, alone or loaded). "sometimes" accepts a hang or
+#: the right result.
+IO_CALLBACK_HANGS = {"0.10.2": "always", "0.11.2": "sometimes", "0.12.0.1": "never"}
 
 
 def test_io_callback_host_copy(hanging_runs: dict[str, Pending]) -> None:
     # The patch stays on every line: the device_put it skips also costs ~4x (nox -s bench).
     stock = hanging_runs["io_callback"].wait()
-    if IO_CALLBACK_HANGS[jax_versions.line_of()]:
-        assert stock.timed_out, (
-            f"expected the 4-device add_one to hang:\n{stock.stdout}{stock.stderr}"
-        )
+    hangs = IO_CALLBACK_HANGS[jax_versions.line_of()]
+    finished = "RESULT OK" in stock.stdout
+    detail = f"{stock.stdout}{stock.stderr}"
+    if hangs == "always":
+        assert stock.timed_out, f"expected add_one to hang:\n{detail}"
+    elif hangs == "never":
+        assert finished, detail
     else:
-        assert "RESULT OK" in stock.stdout, f"{stock.stdout}{stock.stderr}"
+        assert stock.timed_out or finished, detail
     with simulate(devices=4) as sim:
         got, want = guide_result(sim, "add_one")
         np.testing.assert_array_equal(got, want)
