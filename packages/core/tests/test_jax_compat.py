@@ -114,3 +114,36 @@ def test_registry_is_the_one_pallas_reads() -> None:
     info.get_tpu_info.cache_clear()
     with pytest.raises(ValueError, match="Unsupported TPU device kind"):
         pltpu.get_tpu_info()
+
+
+def test_ref_memory_space_of_refs_views_and_non_refs() -> None:
+    """Read inside a traced kernel body, where ``ref.memory_space`` fails from jax 0.11."""
+    seen: dict[str, str] = {}
+
+    def body(x_hbm: Any, o_hbm: Any) -> None:
+        def scoped(v: Any, s: Any, sem: Any) -> None:
+            seen["hbm"] = jax_compat.ref_memory_space(x_hbm)
+            seen["vmem"] = jax_compat.ref_memory_space(v)
+            seen["smem"] = jax_compat.ref_memory_space(s)
+            seen["sem"] = jax_compat.ref_memory_space(sem)
+            seen["vmem view"] = jax_compat.ref_memory_space(v.at[0:4])
+            seen["view of a view"] = jax_compat.ref_memory_space(v.at[0:4].at[1:2])
+            seen["hbm view"] = jax_compat.ref_memory_space(o_hbm.at[0:8])
+            pltpu.sync_copy(x_hbm, v)
+            pltpu.sync_copy(v, o_hbm)
+
+        pl.run_scoped(
+            scoped,
+            pltpu.VMEM((8, 128), jnp.float32),
+            pltpu.SMEM((4,), jnp.int32),
+            pltpu.SemaphoreType.DMA(()),
+        )
+
+    x = jnp.zeros((8, 128), jnp.float32)
+    mesh = jax_compat.tensorcore_mesh("core", num_cores=1)
+    jax.make_jaxpr(pl.kernel(body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), mesh=mesh))(x)
+    assert seen["vmem"] == seen["vmem view"] == seen["view of a view"] == "vmem"
+    assert seen["smem"] == "smem"
+    assert seen["hbm"] == seen["hbm view"] == "any"  # pl.kernel operands live anywhere (pl.ANY)
+    assert "sem" in seen["sem"]
+    assert jax_compat.ref_memory_space(object()) == ""

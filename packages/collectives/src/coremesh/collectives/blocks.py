@@ -28,7 +28,7 @@ from typing import Any, Literal
 from coremesh.collectives import bidirectional as bi
 from coremesh.collectives import direct, hierarchical, sync
 from coremesh.collectives.axes import CORE_AXIS, Axis, AxisName, in_kernel
-from coremesh.collectives.layout import in_vmem, split
+from coremesh.collectives.layout import in_vmem, memory_space, split
 from coremesh.collectives.scratch import Scratch, ScratchSpec
 from coremesh.core import CoremeshError, LayoutError, MeshError
 
@@ -480,7 +480,7 @@ def _check_receiver(collective: str, ax: Axis, ref: Any) -> None:
     if ax.spans_cores and ax.size > 1 and not in_vmem(ref):
         raise LayoutError(
             f"{collective} over the {ax.describe()} writes into a ref in "
-            f"{getattr(ref, 'memory_space', 'HBM')!s}",
+            f"{memory_space(ref) or 'HBM'}",
             rule="the cores of a device share HBM, so a ref written by other cores' DMAs must "
             "be per-core memory (VMEM) to be the same buffer on every participant",
             chip=_chip_name(ax),

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from coremesh.core import Chip
+from coremesh.core import Chip, jax_compat
 from coremesh.core.dtypes import itemsize
 
 LANES = 128
@@ -73,7 +73,7 @@ def split(chunk: Sequence[int], parts: int, dtype: Any, chip: Chip | None) -> tu
 
 def memory_space(ref: Any) -> str:
     """``"vmem"``, ``"smem"``, ``"any"``/``"hbm"`` or ``""`` for a ref in a kernel body."""
-    return str(getattr(ref, "memory_space", "")).lower()
+    return jax_compat.ref_memory_space(ref)
 
 
 def in_vmem(ref: Any) -> bool:

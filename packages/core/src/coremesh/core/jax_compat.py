@@ -11,6 +11,9 @@ What differs, and where coremesh handles it:
   DeprecationWarning). :func:`tensorcore_mesh`.
 - A mesh's core count: ``len(mesh.devices)`` on 0.10.2 only; ``mesh.shape[axis]`` on every line.
   :func:`mesh_cores`.
+- A kernel ref's memory space: ``ref.memory_space`` on 0.10.2; from 0.11 a traced ref raises
+  ValueError there and asks for ``jax.typeof(ref).memory_space``, which every line has (and which
+  a ``ref.at[...]`` view cannot answer, on any line). :func:`ref_memory_space`.
 - The chip table (``TpuInfo``, ``registry``, ``get_tpu_info``): ``jax._src.pallas.mosaic.tpu_info``
   on 0.10.2, ``jax._src.tpu_info`` from 0.11 (the old module forwards). :func:`tpu_info_module`.
   The figures for v4, v5e, v5p, v6e and TPU7x are the same on 0.10.2, 0.11.2 and 0.12.0.1.
@@ -73,6 +76,24 @@ def tensorcore_mesh_class() -> type[Any]:
 def mesh_cores(mesh: Any) -> int:
     """How many cores a Pallas TensorCore mesh spans."""
     return int(next(iter(dict(mesh.shape).values())))
+
+
+def ref_memory_space(ref: Any) -> str:
+    """The memory space of a ref in a kernel body, lower-case (``"vmem"``, ``"smem"``,
+    ``"any"``, ``"hbm"``, ...), or ``""`` for an object that is no jax value.
+
+    A view (``ref.at[...]``, a ``TransformedRef``) is in the memory space of the ref it views.
+    """
+    import jax
+    from jax._src.state.types import TransformedRef
+
+    while isinstance(ref, TransformedRef):
+        ref = ref.ref
+    try:
+        aval = jax.typeof(ref)
+    except TypeError:
+        return ""
+    return str(getattr(aval, "memory_space", "")).lower()
 
 
 def tpu_info_module() -> ModuleType:
