@@ -63,7 +63,8 @@ def kernel(
     if multi and current_target().name == "simulator":
         raise MeshError(
             "an MPMD SparseCore kernel (several body/mesh pairs) cannot run on the simulator",
-            rule="Pallas' interpret mode cannot lower several mesh/function pairs (jax 0.10.2)",
+            rule="Pallas' interpret mode cannot lower several mesh/function pairs (jax 0.10.2, "
+            "0.11.2 and 0.12.0.1 alike)",
             chip=meshes[0].chip.name,
             fix="check it with the compile-only target (coremesh.testing.aot), or run its "
             "vector- and scalar-subcore bodies as two kernels to simulate them",
