@@ -93,7 +93,50 @@ def test_unknown_chip_is_an_argument_error(capsys: pytest.CaptureFixture[str]) -
     with pytest.raises(SystemExit) as e:
         main(["check", "coremesh.testing.guide:PROGRAMS", "--chips", "v9z"])
     assert e.value.code == 2
-    assert "unknown chip 'v9z'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "unknown chip 'v9z'; use v4, v5e, v5p, v6e, TPU7x or all" in err
+    assert len(err.splitlines()) == 2, err
+
+
+BAD_FILE = "import jax\nPROGRAM = (\n"
+
+
+@pytest.mark.parametrize(
+    ("ref", "first", "second"),
+    [
+        ("nowhere.py:PROGRAM", "coremesh check: nowhere.py: no such file", "fix: check the path"),
+        (
+            "no_such_module_xyz:PROGRAM",
+            "coremesh check: cannot import no_such_module_xyz",
+            "fix: install the package",
+        ),
+        ("mine.py:NOPE", "coremesh check: mine.py has no attribute 'NOPE'", "mine.py defines X"),
+        ("broken.py:PROGRAM", "coremesh check: broken.py:2: ", "fix: fix the syntax error"),
+        (
+            "needs.py:PROGRAM",
+            "coremesh check: needs.py imports not_installed_xyz, which is not installed",
+            "fix: pip install what needs.py imports",
+        ),
+    ],
+)
+def test_usage_errors_are_two_lines_in_the_users_own_names(
+    ref: str,
+    first: str,
+    second: str,
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (tmp_path / "mine.py").write_text("X = 1\n")
+    (tmp_path / "broken.py").write_text(BAD_FILE)
+    (tmp_path / "needs.py").write_text("import not_installed_xyz\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", ref]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(first), lines
+    assert second in lines[1], lines
+    assert "_coremesh_aot_file" not in "".join(lines)
 
 
 def test_profile_prints_cycles_roofline_and_ratio(capsys: pytest.CaptureFixture[str]) -> None:

@@ -108,6 +108,15 @@ def test_matrix_table_marks_outcomes() -> None:
     assert "sc_add_one on v5e" in table and "fix:" in table
 
 
+def test_not_applicable_cells_are_one_line_per_reason() -> None:
+    programs = [GUIDE["sc_add_one"], GUIDE["sc_add_one"]]
+    results = compile_matrix(programs, ["v4", "v5e", "v5p"])
+    notes = [ln for ln in matrix_table(results, "plain").splitlines() if ln.startswith("* ")]
+    assert notes == [
+        "* n/a (Pallas SparseCore kernels need v5p, v6e or TPU7x): sc_add_one on v4, v5e"
+    ]
+
+
 def test_progress_reports_start_and_end_of_every_compile() -> None:
     events: list[Any] = []
     compile_matrix([GUIDE["swap_kernel"]], ["v5e", "TPU7x"], progress=events.append)

@@ -30,7 +30,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from coremesh.core.chips import CHIPS, get_chip
 from coremesh.core.errors import CoremeshError
@@ -56,13 +56,27 @@ def _chips(text: str) -> list[str]:
     try:
         return [get_chip(c).name for c in text.split(",") if c.strip()]
     except CoremeshError as e:
-        raise argparse.ArgumentTypeError(str(e)) from e
+        raise argparse.ArgumentTypeError(f"{e.what}; use {', '.join(CHIPS)} or all") from e
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with coremesh's usage errors: two lines on stderr, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message}\n(see '{self.prog} --help')\n")
+
+
+def usage_error(command: str, err: CoremeshError) -> str:
+    """A coremesh error as a usage error: what was wrong, then the fix; two lines at most."""
+    what = err.what if err.chip is None else f"[{err.chip}] {err.what}"
+    head = f"coremesh {command}: {' '.join(what.split())}"
+    return head + (f"\n  fix: {' '.join(err.fix.split())}" if err.fix else "") + "\n"
 
 
 def _parser() -> argparse.ArgumentParser:
     from coremesh.testing import __version__
 
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="coremesh",
         description="Verify core-level Pallas TPU programs without a TPU.",
         epilog="MODULE:NAME forms: see 'coremesh check --help'.",
@@ -309,39 +323,15 @@ def _profile(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     return EXIT_FAILED if broken else EXIT_OK
 
 
-def _sparsecore_cell(chip: Any) -> str:
-    sc = chip.sparsecore
-    if sc is None:
-        return "-"
-    return f"{sc.cores}x{sc.subcores}, {sc.lanes} lanes, {sc.vmem_bytes_per_subcore // 1024} KiB"
-
-
 def _info(args: argparse.Namespace, stdout: TextIO) -> int:
     import json
 
+    from coremesh.testing import chip_table
     from coremesh.testing.aot.report import format_table
 
-    rows, docs = [], []
+    docs = []
     for c in CHIPS.values():
         sc = c.sparsecore
-        modes = ", ".join(
-            f"{k}{' (' + v + ')' if v else ''}" for k, v in sorted(c.core_modes.items())
-        )
-        rows.append(
-            [
-                c.name,
-                c.device_kind,
-                str(c.tensorcores_per_chip),
-                modes,
-                _sparsecore_cell(c),
-                f"{c.vmem_bytes_per_core // 2**20} / {c.scoped_vmem_default_bytes // 2**20}",
-                f"{c.hbm_bytes / 1e9:.0f}",
-                f"{c.hbm_bytes_per_s / 1e12:.2f}",
-                f"{c.peak_ops_per_s['bfloat16'] / 1e12:.0f}",
-                f"{c.clock_hz / 1e9:.2f}",
-                c.default_topology,
-            ]
-        )
         docs.append(
             {
                 "name": c.name,
@@ -369,20 +359,8 @@ def _info(args: argparse.Namespace, stdout: TextIO) -> int:
     if args.json:
         stdout.write(json.dumps(docs, indent=2) + "\n")
         return EXIT_OK
-    headers = [
-        "chip",
-        "device kind",
-        "TCs",
-        "cores/device (libtpu config)",
-        "SparseCores",
-        "VMEM MiB (scoped)",
-        "HBM GB",
-        "HBM TB/s",
-        "bf16 TFLOP/s",
-        "GHz",
-        "topology",
-    ]
-    stdout.write(format_table(headers, rows, "plain") + "\n")
+    stdout.write(format_table(list(chip_table.HEADERS), chip_table.rows(), "plain") + "\n")
+    stdout.write("".join(f"{note}\n" for note in chip_table.core_notes()))
     stdout.write("Figures are per chip; sources: coremesh.core.chips.Chip.sources\n")
     return EXIT_OK
 
@@ -407,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _aot_all(args, stdout, stderr)
         return _demo(stdout)
     except CoremeshError as e:
-        stderr.write(f"coremesh {args.command}: {e}\n")
+        stderr.write(usage_error(args.command, e))
         return EXIT_USAGE
 
 

@@ -247,17 +247,27 @@ class ProgramRef:
     attr: str
     key: str | None = None
     file: str | None = None
+    #: The file as the user wrote it (``mykernel.py``), for messages; ``file`` is absolute.
+    given: str | None = dataclasses.field(default=None, compare=False)
 
     def __str__(self) -> str:
         key = f"[{self.key}]" if self.key is not None else ""
-        return f"{self.module}:{self.attr}{key}"
+        return f"{self.where}:{self.attr}{key}"
+
+    @property
+    def where(self) -> str:
+        """The module or file as the user named it (not the module name a file is loaded as)."""
+        if self.given:
+            return self.given
+        loaded_from_file = self.file is not None and self.module.startswith(_FILE_MODULE_PREFIX)
+        return str(self.file) if loaded_from_file else self.module
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> ProgramRef:
-        return cls(str(d["module"]), str(d["attr"]), d.get("key"), d.get("file"))
+        return cls(str(d["module"]), str(d["attr"]), d.get("key"), d.get("file"), d.get("given"))
 
     @classmethod
     def parse(cls, text: str) -> ProgramRef:
@@ -272,7 +282,7 @@ class ProgramRef:
         module, attr, key = m["module"], m["attr"], m["key"]
         if module.endswith(".py") or os.sep in module or "/" in module:
             path = os.path.abspath(module)
-            return cls(_module_name_for_file(path), attr, key, path)
+            return cls(_module_name_for_file(path), attr, key, path, module)
         return cls(module, attr, key)
 
     def resolve(self) -> Any:
@@ -281,11 +291,11 @@ class ProgramRef:
         obj: Any = module
         for part in self.attr.split("."):
             if not hasattr(obj, part):
+                public = [n for n in dir(module) if not n.startswith("_")]
                 raise ProgramError(
-                    f"{self.module} has no attribute {self.attr!r}",
+                    f"{self.where} has no attribute {self.attr!r}",
                     rule="a reference names a module-level object",
-                    fix=f"check the spelling; {self.module} defines "
-                    f"{', '.join(n for n in dir(module) if not n.startswith('_'))[:300]}",
+                    fix=f"check the spelling; {self.where} defines {', '.join(public)[:300]}",
                 )
             obj = getattr(obj, part)
         if self.key is None:
@@ -293,7 +303,7 @@ class ProgramRef:
         if isinstance(obj, Mapping):
             if self.key not in obj:
                 raise ProgramError(
-                    f"{self.module}:{self.attr} has no entry {self.key!r}",
+                    f"{self.where}:{self.attr} has no entry {self.key!r}",
                     rule=f"its entries are {', '.join(map(str, obj))}",
                     fix="use one of those keys",
                 )
@@ -303,15 +313,19 @@ class ProgramRef:
                 if program_name(p) == self.key:
                     return p
         raise ProgramError(
-            f"{self.module}:{self.attr} has no program named {self.key!r}",
+            f"{self.where}:{self.attr} has no program named {self.key!r}",
             rule="[key] picks a mapping entry or a program by name",
             fix="drop [key] or use a name the collection has",
         )
 
 
+#: Modules loaded from a file reference are named this plus the file's stem.
+_FILE_MODULE_PREFIX = "_coremesh_aot_file_"
+
+
 def _module_name_for_file(path: str) -> str:
     stem = os.path.splitext(os.path.basename(path))[0]
-    return "_coremesh_aot_file_" + re.sub(r"\W", "_", stem)
+    return _FILE_MODULE_PREFIX + re.sub(r"\W", "_", stem)
 
 
 def _import(ref: ProgramRef) -> ModuleType:
@@ -326,6 +340,12 @@ def _import(ref: ProgramRef) -> ModuleType:
             ) from e
     if ref.module in sys.modules:
         return sys.modules[ref.module]
+    if not os.path.isfile(ref.file):
+        raise ProgramError(
+            f"{ref.where}: no such file",
+            rule="a file reference names a Python source file",
+            fix=f"check the path (looked for {ref.file})",
+        )
     try:
         return importlib.import_module(ref.module)
     except ImportError:
@@ -342,7 +362,22 @@ def _import(ref: ProgramRef) -> ModuleType:
     directory = os.path.dirname(ref.file)
     if directory not in sys.path:
         sys.path.insert(0, directory)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as e:
+        del sys.modules[ref.module]
+        raise ProgramError(
+            f"{ref.where}:{e.lineno}: {e.msg}",
+            rule="a file reference names a Python source file that imports",
+            fix="fix the syntax error on that line",
+        ) from e
+    except ImportError as e:
+        del sys.modules[ref.module]
+        raise ProgramError(
+            f"{ref.where} imports {e.name or 'a module'}, which is not installed ({e})",
+            rule="the file's imports must be installed in this environment",
+            fix=f"pip install what {ref.where} imports, or run coremesh from its environment",
+        ) from e
     return module
 
 

@@ -57,12 +57,28 @@ def matrix_table(results: Sequence[CompileResult], fmt: Format = "markdown") -> 
     rows = [[p] + [_cell(by[p, c]) if (p, c) in by else "" for c in chips] for p in programs]
     out = [format_table(["program", *chips], rows, fmt)]
     problems = [r for r in results if r.error is not None]
+    # Expected n/a cells (a chip without what the program needs) say the same thing for every
+    # program and chip they hit: one line per reason.
+    skipped = [r for r in problems if r.status == "unsupported" and r.as_expected]
+    problems = [r for r in problems if r not in skipped]
+    bullet = "- " if fmt == "markdown" else "* "
+    if skipped:
+        out.append("")
+        reasons: dict[tuple[str, str], list[CompileResult]] = {}
+        for r in skipped:
+            assert r.error is not None
+            reasons.setdefault((r.error.rule or r.error.what, r.error.fix or ""), []).append(r)
+        for (rule, fix), group in reasons.items():
+            programs_hit = ", ".join(dict.fromkeys(r.program for r in group))
+            chips_hit = ", ".join(dict.fromkeys(r.chip for r in group))
+            out.append(f"{bullet}n/a ({rule}): {programs_hit} on {chips_hit}")
+            if fix:
+                out[-1] += f"\n    fix: {fix}"
     if problems:
         out.append("")
         for r in problems:
             e = r.error
             assert e is not None
-            bullet = "- " if fmt == "markdown" else "* "
             head = f"{bullet}{r.program} on {r.chip} ({r.topology}, {r.mode}): {e.what}"
             if e.fix:
                 head += f"\n    fix: {e.fix}"
