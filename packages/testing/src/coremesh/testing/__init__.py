@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# First: libtpu reads its environment once, when it loads; quiet it on a machine without a TPU.
+from coremesh.testing import libtpu_env as _libtpu_env  # noqa: F401  # isort: skip
+
 __version__ = "0.1.0"
 
 # The simulator imports jax's Pallas internals; load it on first use so the pytest plugin

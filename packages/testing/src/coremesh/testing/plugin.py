@@ -82,9 +82,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "tpu: needs real TPU hardware")
     config.addinivalue_line("markers", "slow: a long configuration (large shapes, many devices)")
     _arrange_host_devices()
-    # Compile-only support (the aot marker's fixtures): libtpu may be loaded by several
-    # processes at once (pytest and the cycle-estimate children).
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    # Compile-only support (the aot marker's fixtures); importing coremesh.testing already set
+    # libtpu's environment (coremesh.testing.libtpu_env).
     if not config.pluginmanager.has_plugin("coremesh.testing.aot.pytest_support"):
         config.pluginmanager.import_plugin("coremesh.testing.aot.pytest_support")
 

@@ -17,8 +17,6 @@ estimates need libtpu 0.0.52 or newer and record the jax and libtpu that made th
     print(aot.cycles_table(estimates))
 """
 
-# First: sets libtpu's process defaults before anything can load it (see _env).
-from coremesh.testing.aot import _env  # noqa: F401  # isort: skip
 from coremesh.testing.aot.compile import (
     DEFAULT_CHIPS,
     CompileResult,

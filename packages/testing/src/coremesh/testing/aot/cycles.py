@@ -43,7 +43,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, Literal
 
 from coremesh.core.chips import Chip, get_chip
-from coremesh.testing.aot import _env, versions
+from coremesh.testing import libtpu_env
+from coremesh.testing.aot import versions
 from coremesh.testing.aot.compile import DEFAULT_CHIPS, Progress, ProgressFn
 from coremesh.testing.aot.program import (
     ProgramError,
@@ -487,7 +488,7 @@ class _ChipRun:
                 for i in indices
             ],
         }
-        env = _env.child_environment(libtpu_flags(dump, static_profile=static))
+        env = libtpu_env.child_environment(libtpu_flags(dump, static_profile=static))
         with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as err:
             proc = subprocess.Popen(
                 [sys.executable, "-X", "faulthandler", "-m", "coremesh.testing.aot._worker"],

@@ -22,7 +22,8 @@ from typing import Any
 from coremesh.core.chips import Chip, get_chip
 from coremesh.core.errors import MeshError
 from coremesh.core.targets import auto_mesh, using_target
-from coremesh.testing.aot import _env, versions
+from coremesh.testing import libtpu_env
+from coremesh.testing.aot import versions
 
 #: Device mesh axis every compile-only program is sharded over.
 DEVICE_AXIS = "device"
@@ -171,7 +172,7 @@ def topology_for(
 
 @functools.lru_cache(maxsize=64)
 def _devices(name: str, kwargs_key: tuple[tuple[str, Any], ...]) -> tuple[Any, ...]:
-    _env.prepare_process()
+    libtpu_env.prepare_process()
     from jax.experimental import topologies
 
     kwargs = {k: list(v) if isinstance(v, tuple) else v for k, v in kwargs_key}
