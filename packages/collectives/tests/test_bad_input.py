@@ -13,6 +13,8 @@ import pytest
 
 import coremesh.collectives as cl
 import coremesh.core as cc
+from coremesh.core import jax_versions
+from coremesh.core.dtypes import BOOL_OPERANDS_SINCE
 from coremesh.core.targets import HardwareTarget
 
 
@@ -103,9 +105,10 @@ def test_a_dtype_the_chip_lacks(target: HardwareTarget) -> None:
     with pytest.raises(cc.UnsupportedOnChipError, match="float64") as e:
         cl.psum(np.zeros((32, 128), np.float64), "device")
     complete(e.value, name)
-    with pytest.raises(cc.UnsupportedOnChipError, match="bool") as e:
-        cl.all_gather(np.zeros((32, 128), np.bool_), "device")
-    assert "int8" in str(e.value.fix)
+    if not jax_versions.at_least(BOOL_OPERANDS_SINCE):  # jax 0.11 lowers bool DMAs
+        with pytest.raises(cc.UnsupportedOnChipError, match="bool") as e:
+            cl.all_gather(np.zeros((32, 128), np.bool_), "device")
+        assert "int8" in str(e.value.fix)
     with pytest.raises(cc.UnsupportedOnChipError, match="cannot reduce float8_e5m2"):
         cl.psum(jnp.zeros((32, 128), jnp.float8_e5m2), "device")
     with pytest.raises(cc.UnsupportedOnChipError, match="float16 cannot be a TPU kernel") as e:

@@ -11,9 +11,11 @@ from coremesh.core import (
     check_fits,
     check_matmul_dtypes,
     check_operand_dtype,
+    jax_versions,
     nbytes,
 )
 from coremesh.core.chips import MiB
+from coremesh.core.dtypes import BOOL_OPERANDS_SINCE
 
 
 def test_float64_refused_everywhere() -> None:
@@ -25,14 +27,25 @@ def test_float64_refused_everywhere() -> None:
     )
 
 
-@pytest.mark.parametrize(
-    ("dtype", "fix"), [("float16", "cast to bfloat16"), ("bool", "cast to int8 or int32")]
-)
 @pytest.mark.parametrize("chip", ["v4", "v5e", "v5p", "v6e", "TPU7x"])
-def test_operands_mosaic_refuses(chip: str, dtype: str, fix: str) -> None:
+def test_operands_mosaic_refuses(chip: str) -> None:
     with pytest.raises(UnsupportedOnChipError) as e:
-        check_operand_dtype(dtype, chip)
-    assert e.value.chip == chip and dtype in e.value.what and fix in (e.value.fix or "")
+        check_operand_dtype("float16", chip)
+    assert e.value.chip == chip and "float16" in e.value.what
+    assert "cast to bfloat16" in (e.value.fix or "")
+
+
+@pytest.mark.parametrize("chip", ["v4", "v5e", "v5p", "v6e", "TPU7x"])
+def test_bool_operands_by_jax_line(chip: str) -> None:
+    # jax 0.10's Mosaic lowering refuses DMAs of bool, 0.11 lowers them (the compile tests of
+    # coremesh-testing show both, per line): coremesh refuses exactly where the compiler does.
+    if jax_versions.at_least(BOOL_OPERANDS_SINCE):
+        assert check_operand_dtype("bool", chip) == "bool"
+        return
+    with pytest.raises(UnsupportedOnChipError) as e:
+        check_operand_dtype("bool", chip)
+    assert e.value.chip == chip and "bool" in e.value.what
+    assert "cast to int8 or int32" in (e.value.fix or "")
 
 
 @pytest.mark.parametrize(

@@ -6,13 +6,15 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import tpu_sc as plsc
 
-from coremesh.core import jax_compat
+from coremesh.core import jax_compat, jax_versions
 from coremesh.core.chips import get_chip
+from coremesh.core.dtypes import BOOL_OPERANDS_SINCE
 from coremesh.core.errors import ChipError, CoremeshError, MeshError, UnsupportedOnChipError
 from coremesh.core.targets import Target, current_target
 from coremesh.testing.sim import PATCH_NAMES, Simulator, patches, simulate
@@ -155,14 +157,18 @@ def test_a_chip_without_sparsecore_refuses_sparsecore_meshes() -> None:
 
 @pytest.mark.parametrize("dtype", ["float16", "bool"])
 def test_operands_mosaic_refuses_are_refused(dtype: str) -> None:
-    # Stock interpret mode copies these; Mosaic refuses them on every TPU (see
-    # core.dtypes.check_operand_dtype and the compile test beside the diagnoses).
+    # Stock interpret mode copies these; Mosaic refuses float16 on every TPU and jax 0.10 bool
+    # (see core.dtypes.check_operand_dtype and the compile tests beside the diagnoses).
     def copy(x_hbm: Any, o_hbm: Any) -> None:
         pltpu.sync_copy(x_hbm, o_hbm)
 
     with simulate(chip="v6e", devices=1):
         x = jnp.zeros((8, 128), dtype)
         f = pl.kernel(copy, out_type=x, mesh=jax_compat.tensorcore_mesh("core"))
+        if dtype == "bool" and jax_versions.at_least(BOOL_OPERANDS_SINCE):
+            x = jnp.arange(8 * 128).reshape(8, 128) % 3 == 0
+            np.testing.assert_array_equal(np.asarray(jax.jit(f)(x)), np.asarray(x))
+            return
         with pytest.raises(UnsupportedOnChipError, match=f"{dtype} cannot be a TPU kernel") as e:
             jax.jit(f)(x)
         assert e.value.chip == "v6e"

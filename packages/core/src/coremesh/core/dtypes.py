@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from coremesh.core import jax_versions
 from coremesh.core.chips import Chip, get_chip
 from coremesh.core.errors import UnsupportedOnChipError
 
@@ -70,13 +71,18 @@ def check_array_dtype(dtype: Any, chip: str | Chip) -> str:
     return name
 
 
+#: The first jax whose Mosaic lowering moves bool arrays by DMA (so takes bool operands).
+BOOL_OPERANDS_SINCE = "0.11.0"
+
+
 def check_operand_dtype(dtype: Any, chip: str | Chip) -> str:
     """Refuse what a Pallas TPU kernel takes as no operand or result, on any generation.
 
     Beyond ``check_array_dtype``: Mosaic refuses float16 arguments ("Only arguments with
     float8e5m2, ..., bfloat16 or 32-bit element types are supported"; a float16 VMEM load fails
-    too), and its DMAs refuse bool ("DMAs with bool dtypes are not supported"). Both measured
-    with libtpu 0.0.52 on v4, v5e, v5p, v6e and TPU7x.
+    too) on every jax line, and jax 0.10's Mosaic lowering refuses DMAs of bool ("DMAs with bool
+    dtypes are not supported"), which jax 0.11 lowers. Measured with libtpu 0.0.52 on v4, v5e,
+    v5p, v6e and TPU7x, on jax 0.10.2, 0.11.2 and 0.12.0.1.
     """
     c = get_chip(chip)
     name = check_array_dtype(dtype, c)
@@ -88,12 +94,14 @@ def check_operand_dtype(dtype: Any, chip: str | Chip) -> str:
             chip=c.name,
             fix="cast to bfloat16 (or float32) before the kernel and back after it",
         )
-    if name == "bool":
+    if name == "bool" and not jax_versions.at_least(BOOL_OPERANDS_SINCE):
         raise UnsupportedOnChipError(
-            "bool cannot be a TPU kernel's operand or result",
-            rule="a kernel's operands move by DMA, and TPU DMAs do not move bool arrays",
+            f"bool cannot be a TPU kernel's operand or result with jax {jax_versions.installed()}",
+            rule="a kernel's operands move by DMA, and jax 0.10's Mosaic lowering refuses DMAs "
+            f"of bool arrays (jax {BOOL_OPERANDS_SINCE} and later lower them)",
             chip=c.name,
-            fix="cast to int8 or int32 (x.astype(jnp.int32)) before the kernel, back after it",
+            fix="cast to int8 or int32 (x.astype(jnp.int32)) before the kernel and back after "
+            f"it, or use jax {BOOL_OPERANDS_SINCE} or later",
         )
     return name
 
