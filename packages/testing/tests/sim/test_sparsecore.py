@@ -155,7 +155,7 @@ def test_bitcast() -> None:
         got, x, _ = run_on_subcores("v5p", body)
         np.testing.assert_array_equal(got, x & 0x7FFFFFFF)
     else:  # its own SparseCore primitive, with no interpreter rule
-        with pytest.raises(NotSimulatedError, match="plsc.bitcast is not simulated"):
+        with pytest.raises(NotSimulatedError, match=r"plsc\.bitcast is not simulated"):
             run_on_subcores("v5p", body)
 
 

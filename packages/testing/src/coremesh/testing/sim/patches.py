@@ -655,7 +655,7 @@ def _race_from_upstream(err: BaseException) -> Exception | None:
     start = text.find("RACE DETECTED")
     if start < 0:
         return None
-    report = text[start:].split("\n\n")[0].split("For simplicity, JAX")[0].strip()
+    report = text[start:].partition("\n\n")[0].partition("For simplicity, JAX")[0].strip()
     RACES.add(report)
     return race_error(RACES.drain(), _chip().name if _stack else None)
 
