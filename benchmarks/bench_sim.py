@@ -328,7 +328,7 @@ def lines_markdown(reports: list[dict[str, Any]]) -> str:
 def short(r: dict[str, Any]) -> str:
     if r["status"] == "ok":
         return fmt_time(r["warm_s"])
-    return r["status"].upper()
+    return str(r["status"]).upper()
 
 
 def markdown(report: dict[str, Any]) -> str:

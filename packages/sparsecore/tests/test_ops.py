@@ -92,7 +92,7 @@ def test_embedding_bag_drops_bad_indices_and_empty_bags_are_zero() -> None:
             ok = (idx >= 0) & (idx < 10)
             hand = [
                 table[idx[s:e][ok[s:e]]].sum(0)
-                / (max(ok[s:e].sum(), 1) if combiner == "mean" else 1)
+                / (max(int(ok[s:e].sum()), 1) if combiner == "mean" else 1)
                 for s, e in zip(offsets, ends, strict=True)
             ]
             np.testing.assert_array_equal(np.asarray(got), np.stack(hand))
