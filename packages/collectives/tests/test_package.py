@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from importlib.metadata import requires, version
 
+from coremesh.testing.conformance.package import check_import_refuses_old_jax
+
 
 def test_declares_core_and_tensorcore_ranges() -> None:
     import coremesh.collectives as cl
@@ -16,15 +18,4 @@ def test_declares_core_and_tensorcore_ranges() -> None:
 
 def test_import_refuses_a_jax_older_than_supported() -> None:
     """Importing the package under a jax that says it is 0.9.4 stops with the supported range."""
-    import subprocess
-    import sys
-
-    code = "import jax; jax.__version__ = '0.9.4'; import coremesh.collectives"
-    run = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
-    )
-    assert run.returncode != 0
-    assert "CoremeshError: jax 0.9.4 is installed, and coremesh needs at least jax 0.10.2" in (
-        run.stderr
-    )
-    assert "jax 0.10.2 to 0.12.0.1" in run.stderr
+    check_import_refuses_old_jax("coremesh.collectives")

@@ -7,6 +7,7 @@ import pytest
 import coremesh.core as cc
 from coremesh.core.targets import HardwareTarget
 from coremesh.sparsecore import SparseCoreBackend, mesh
+from coremesh.testing.conformance.package import check_import_refuses_old_jax
 
 
 def _target(chip: str) -> HardwareTarget:
@@ -51,15 +52,4 @@ def test_split_mode_device_drives_half_of_v5ps_sparsecores() -> None:
 
 def test_import_refuses_a_jax_older_than_supported() -> None:
     """Importing the package under a jax that says it is 0.9.4 stops with the supported range."""
-    import subprocess
-    import sys
-
-    code = "import jax; jax.__version__ = '0.9.4'; import coremesh.sparsecore"
-    run = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
-    )
-    assert run.returncode != 0
-    assert "CoremeshError: jax 0.9.4 is installed, and coremesh needs at least jax 0.10.2" in (
-        run.stderr
-    )
-    assert "jax 0.10.2 to 0.12.0.1" in run.stderr
+    check_import_refuses_old_jax("coremesh.sparsecore")

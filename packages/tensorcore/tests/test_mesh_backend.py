@@ -8,6 +8,7 @@ import coremesh.core as cc
 from coremesh.core import jax_compat
 from coremesh.core.targets import HardwareTarget
 from coremesh.tensorcore import TensorCoreBackend, TensorCoreMesh, mesh
+from coremesh.testing.conformance.package import check_import_refuses_old_jax
 
 
 @pytest.mark.parametrize(
@@ -45,15 +46,4 @@ def test_registered_backend_serves_tensor_meshes() -> None:
 
 def test_import_refuses_a_jax_older_than_supported() -> None:
     """Importing the package under a jax that says it is 0.9.4 stops with the supported range."""
-    import subprocess
-    import sys
-
-    code = "import jax; jax.__version__ = '0.9.4'; import coremesh.tensorcore"
-    run = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
-    )
-    assert run.returncode != 0
-    assert "CoremeshError: jax 0.9.4 is installed, and coremesh needs at least jax 0.10.2" in (
-        run.stderr
-    )
-    assert "jax 0.10.2 to 0.12.0.1" in run.stderr
+    check_import_refuses_old_jax("coremesh.tensorcore")
