@@ -145,15 +145,19 @@ def _tpu_info_targets() -> list[tuple[Any, str, Any]]:
     return out
 
 
+def _no_sparsecore(chip: SimulatedChip, what: str) -> UnsupportedOnChipError:
+    return UnsupportedOnChipError(
+        f"{chip.name} has no SparseCore, so {what} cannot run on it",
+        rule="plsc.VectorSubcoreMesh / ScalarSubcoreMesh need SparseCores (v5p, v6e, TPU7x)",
+        chip=chip.name,
+        fix="simulate a chip with SparseCores, e.g. simulate(chip='v5p')",
+    )
+
+
 def _get_sparse_core_info() -> Any:
     chip = _chip()
     if not chip.has_sparsecore:
-        raise UnsupportedOnChipError(
-            f"{chip.name} has no SparseCore, so SparseCore meshes cannot run on it",
-            rule="plsc.VectorSubcoreMesh / ScalarSubcoreMesh need SparseCores (v5p, v6e, TPU7x)",
-            chip=chip.name,
-            fix="simulate a chip with SparseCores, e.g. simulate(chip='v5p')",
-        )
+        raise _no_sparsecore(chip, "SparseCore meshes")
     return chip.tpu_info.sparse_core
 
 
@@ -467,12 +471,7 @@ def _interpret_call_targets() -> list[tuple[Any, str, Any]]:
                 )
         elif mesh is not None:
             if not chip.has_sparsecore:
-                raise UnsupportedOnChipError(
-                    f"{chip.name} has no SparseCore, so this SparseCore kernel cannot run on it",
-                    rule="SparseCore meshes need SparseCores (v5p, v6e, TPU7x)",
-                    chip=chip.name,
-                    fix="simulate a chip with SparseCores, e.g. simulate(chip='v5p')",
-                )
+                raise _no_sparsecore(chip, "this SparseCore kernel")
             if "sparsecore_axes" in _state.enabled:
                 # Upstream (interpret_pallas_call.py:1380-1385) answers axis_index on every axis
                 # of a non-TensorCore mesh with the local core id (0 for all 64 subcores). The
