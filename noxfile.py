@@ -438,6 +438,12 @@ def _probe_venv(session: nox.Session, name: str, python: str) -> str:
     return os.path.join(venv, "bin", "python")
 
 
+def _install_wheel(session: nox.Session, py: str, dist: Path, *pins: str) -> None:
+    """Install coremesh-tensorcore from the wheels in ``dist`` into the environment of ``py``."""
+    install = ["uv", "pip", "install", "--quiet", "--python", py, *pins]
+    session.run(*install, "--find-links", str(dist), "coremesh-tensorcore")
+
+
 def _installed(session: nox.Session, py: str) -> str:
     return str(session.run("uv", "pip", "list", "--python", py, silent=True) or "")
 
@@ -470,19 +476,7 @@ def build(session: nox.Session) -> None:
     # ours. On nox's own Python, pinned by the newest line that runs on it.
     own = next((ln for ln in reversed(LINES) if ln.python == PYTHON), DEFAULT or LINES[-1])
     py = _probe_venv(session, "alone", sys.executable)
-    session.run(
-        "uv",
-        "pip",
-        "install",
-        "--quiet",
-        "--python",
-        py,
-        "-c",
-        own.constraints,
-        "--find-links",
-        str(dist),
-        "coremesh-tensorcore",
-    )
+    _install_wheel(session, py, dist, "-c", own.constraints)
     listing = _installed(session, py)
     ours = sorted(line.split()[0] for line in listing.splitlines() if line.startswith("coremesh"))
     session.log(f"installed with coremesh-tensorcore: {ours}")
@@ -509,17 +503,7 @@ def build(session: nox.Session) -> None:
     py = _probe_venv(session, "keeps-jax", line.interpreter)
     pins = (f"jax=={NEWEST_JAX}", f"jaxlib=={NEWEST_JAX}")
     session.run("uv", "pip", "install", "--quiet", "--python", py, *pins)
-    session.run(
-        "uv",
-        "pip",
-        "install",
-        "--quiet",
-        "--python",
-        py,
-        "--find-links",
-        str(dist),
-        "coremesh-tensorcore",
-    )
+    _install_wheel(session, py, dist)
     probe = "import jax, coremesh.tensorcore; print(jax.__version__)"
     out = str(session.run(py, "-c", probe, silent=True, external=True) or "").strip()
     found = out.splitlines()[-1] if out else "?"
