@@ -21,7 +21,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import coremesh.tensorcore as tc
-from coremesh.collectives import blocks, ring, sync
+from coremesh.collectives import in_kernel, ring, sync
 from coremesh.collectives.axes import resolve
 from coremesh.testing.sim import SimulationDeadlock, SimulationRaceError, simulate
 from coremesh.testing.sim.simulator import DmaMode
@@ -209,7 +209,7 @@ def test_missing_peer_is_a_deadlock_not_a_hang() -> None:
             @pl.when(me != 0)
             def _() -> None:
                 pltpu.sync_copy(x_hbm, src)
-                blocks.all_gather(src, dst, axis="device", algorithm="ring")
+                in_kernel.all_gather(src, dst, axis="device", algorithm="ring")
                 pltpu.sync_copy(dst, o_hbm)
 
         return tc.kernel(

@@ -7,7 +7,7 @@
   add in VMEM and send partials VMEM to VMEM.
 * **Core and (device, core) axes**: the cores of a device share HBM, so whatever other cores
   write into is staged in VMEM (symmetric per core) and stored to HBM at the end; the
-  in-kernel blocks of :mod:`coremesh.collectives.blocks` do the work.
+  plans of :mod:`coremesh.collectives.plans` (those of the in-kernel collectives) do the work.
 
 Every kernel carries a ``CostEstimate`` and a collective id from the process allocator.
 """
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from coremesh.collectives import bidirectional as bi
-from coremesh.collectives import blocks, direct, sync
+from coremesh.collectives import direct, plans, sync, validate
 from coremesh.collectives.axes import Axis
 from coremesh.collectives.cost import estimate, nbytes
 from coremesh.collectives.layout import Part, split
@@ -72,11 +72,11 @@ class Request:
     @property
     def resolved_algorithm(self) -> str:
         chunk = self.chunk
-        if self.axis.kind == "device" and self.collective in blocks.RING_OPS:
+        if self.axis.kind == "device" and self.collective in validate.RING_OPS:
             # Each core runs the rings on its share: decide on the first core's share.
             share = split(chunk, self.axis.cores, self.dtype, self.axis.chip)[0]
             chunk = share.shape(chunk)
-        return blocks.resolve_algorithm(
+        return validate.resolve_algorithm(
             self.collective, self.axis, self.algorithm, chunk, self.dtype
         )
 
@@ -156,7 +156,7 @@ def _shares(req: Request) -> list[_Share | None]:
         if c >= len(parts):
             out.append(None)
             continue
-        if req.collective in blocks.RING_OPS:
+        if req.collective in validate.RING_OPS:
             strict = req.algorithm == "bidirectional"
             rts = bi.routes(algo, req.chunk, req.dtype, chip, within=parts[c], strict=strict)  # type: ignore[arg-type]
         else:
@@ -168,7 +168,7 @@ def _shares(req: Request) -> list[_Share | None]:
 def _share_spec(req: Request, share: _Share) -> ScratchSpec:
     from jax.experimental.pallas import tpu as pltpu
 
-    n, mode = req.n, blocks.check_sync(req.sync, req.axis)
+    n, mode = req.n, validate.check_sync(req.sync, req.axis)
     c = req.collective
     local = ScratchSpec((("local", pltpu.SemaphoreType.DMA),))
     if c == "all_gather":
@@ -192,7 +192,7 @@ def _share_spec(req: Request, share: _Share) -> ScratchSpec:
 
 def _peers(req: Request) -> Callable[[], tuple[list[Any], list[Any] | None]]:
     ax = req.axis
-    if req.collective in blocks.RING_OPS:
+    if req.collective in validate.RING_OPS:
 
         def ring() -> tuple[list[Any], list[Any] | None]:
             r = ax.rank()
@@ -214,7 +214,7 @@ def _device_body(req: Request) -> tuple[Callable[..., None], ScratchSpec, list[A
     for c, share in enumerate(shares):
         if share is not None:
             spec = spec + _share_spec(req, share).prefixed(f"c{c}.")
-    mode = blocks.check_sync(req.sync, ax)
+    mode = validate.check_sync(req.sync, ax)
     peers = _peers(req)
 
     def body(src: Any, dst: Any, *refs: Any) -> None:
@@ -298,7 +298,7 @@ def _staged_body(req: Request) -> tuple[Callable[..., None], ScratchSpec, list[A
     from jax.experimental.pallas import tpu as pltpu
 
     ax = req.axis
-    plan = blocks.make_plan(
+    plan = plans.make_plan(
         req.collective,
         ax,
         req.chunk,

@@ -21,9 +21,9 @@ from typing import Any
 
 from coremesh.collectives import axes, validate
 from coremesh.collectives.axes import Axis, AxisName
-from coremesh.collectives.blocks import OPS, Algorithm, Op, check_permutation, check_sync
 from coremesh.collectives.kernels import Request, build
-from coremesh.core import CoremeshError, LayoutError
+from coremesh.collectives.validate import Algorithm, Op
+from coremesh.core import LayoutError
 
 LANES = 128
 Transform = Callable[[Any], Any]
@@ -91,9 +91,9 @@ def _run(
     import jax
     from jax.sharding import PartitionSpec as P
 
-    from coremesh.tensorcore.devices import on_devices
+    from coremesh.core.sharding import on_devices
 
-    check_sync(req.sync, axis)
+    validate.check_sync(req.sync, axis)
     cid = validate.collective_id(req.id_owner, collective_id) if req.n > 1 else None
     kernel = build(req, collective_id=cid) if cid is not None else None
 
@@ -140,16 +140,6 @@ def _setup(
     validate.check_dtype(x.dtype, axis, reduces=reduces)
     device_shape = _per_device_shape(x, axis, inside)
     return axis, _participant_shape(device_shape, axis, op_name), inside
-
-
-def _check_op(op: str, axis: Axis) -> None:
-    if op not in OPS:
-        raise CoremeshError(
-            f"unknown reduction {op!r}",
-            rule="collectives reduce with 'sum', 'max' or 'min'",
-            chip=axis.chip.name if axis.chip else None,
-            fix="pass op='sum', 'max' or 'min'",
-        )
 
 
 # ------------------------------------------------------------------------ collectives
@@ -221,7 +211,7 @@ def reduce_scatter(
 ) -> Any:
     """``jax.lax.psum_scatter`` (``op="sum"``), or the same with max / min."""
     ax, shape, inside = _setup(x, axis_name, "reduce_scatter", reduces=True)
-    _check_op(op, ax)
+    validate.check_op(op, ax)
     n = ax.size
     if not shape:
         raise LayoutError(
@@ -273,7 +263,7 @@ def all_reduce(
     else flattened and padded to a multiple of the participant count.
     """
     ax, shape, inside = _setup(x, axis_name, "all_reduce", reduces=True)
-    _check_op(op, ax)
+    validate.check_op(op, ax)
     n = ax.size
     size = math.prod(shape)
     if len(shape) >= 2 and shape[0] % n == 0:
@@ -364,7 +354,7 @@ def ppermute(
 ) -> Any:
     """``jax.lax.ppermute(x, axis_name, perm)``: zeros where nothing is received."""
     ax, shape, inside = _setup(x, axis_name, "ppermute", reduces=False)
-    pairs = tuple(check_permutation(perm, ax))
+    pairs = tuple(validate.check_permutation(perm, ax))
     chunk = canonical_chunk(shape)
 
     def to_src(v: Any) -> Any:

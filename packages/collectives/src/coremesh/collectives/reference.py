@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from coremesh.collectives import ops
 from coremesh.collectives.axes import AxisName
-from coremesh.collectives.blocks import Algorithm, Op
+from coremesh.collectives.validate import Algorithm, Op
 
 COLLECTIVES = ("barrier", "ppermute", "all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 

@@ -1,7 +1,7 @@
-"""In-kernel blocks inside a user's own kernel body, checked against jax.lax.
+"""In-kernel collectives inside a user's own kernel body, checked against jax.lax.
 
 The user writes ``pl.kernel`` (or ``coremesh.tensorcore.kernel``) over the TensorCore mesh, does
-its own compute in VMEM, and calls a block on VMEM refs; the block allocates its semaphores and
+its own compute in VMEM, and calls a collective on VMEM refs; it allocates its semaphores and
 buffers itself, or takes them from the kernel's scratch (``scratch_for``).
 """
 
@@ -20,7 +20,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 import coremesh.core as cc
 import coremesh.tensorcore as tc
-from coremesh.collectives import blocks
+from coremesh.collectives import in_kernel
 from coremesh.collectives.axes import resolve
 from coremesh.core import jax_compat
 from coremesh.testing.sim import simulate
@@ -57,7 +57,7 @@ def test_the_guides_core_swap(operand: F) -> None:
 
             def scoped(mine: Any, theirs: Any) -> None:
                 pltpu.sync_copy(x_hbm.at[:, cols], mine)
-                blocks.ppermute(mine, theirs, [(0, 1), (1, 0)], axis="core")
+                in_kernel.ppermute(mine, theirs, [(0, 1), (1, 0)], axis="core")
                 theirs[...] = theirs[...] * 2
                 pltpu.sync_copy(theirs, o_hbm.at[:, cols])
 
@@ -113,23 +113,23 @@ def _reference(op: str, kind: str, n: int) -> Callable[[Any], Any]:
 
 @pytest.mark.parametrize("allocate", ["scoped", "kernel"])
 @pytest.mark.parametrize(("op", "kind"), BLOCK_CASES, ids=["-".join(c) for c in BLOCK_CASES])
-def test_block_in_a_users_kernel(
+def test_collective_in_a_users_kernel(
     op: str, kind: str, allocate: str, operand: F, lax_reference: F
 ) -> None:
-    """Each core loads its operand into VMEM, scales it (the user's compute), runs the block
+    """Each core loads its operand into VMEM, scales it (the user's compute), runs the collective
     and stores its result: one participant per core (or per device for the device axis)."""
     n = PARTICIPANTS[kind]
     src_shape, dst_shape = _shapes(op, n)
 
     def per_device(x: Any) -> Any:
         chunk = {"all_gather": src_shape, "reduce_scatter": dst_shape}.get(op, src_shape[1:])
-        spec = blocks.scratch_for(op, resolve(AXES[kind]), chunk, x.dtype)
+        spec = in_kernel.scratch_for(op, resolve(AXES[kind]), chunk, x.dtype)
 
         def body(x_hbm: Any, o_hbm: Any, src: Any, dst: Any, *scr: Any) -> None:
             core = lax.axis_index("core")
             pltpu.sync_copy(x_hbm.at[core], src)
             src[...] = src[...] * 3
-            getattr(blocks, op)(
+            getattr(in_kernel, op)(
                 src,
                 dst,
                 axis=AXES[kind],
@@ -163,22 +163,22 @@ def test_block_in_a_users_kernel(
 
 def test_two_collectives_in_one_kernel(operand: F) -> None:
     """An all-reduce over the cores of a device, then an all-gather over devices: one
-    handshake (the first block's), kernel-level scratch for the second."""
+    handshake (the first collective's), kernel-level scratch for the second."""
 
     def per_device(x: Any) -> Any:
         core_ax, dev_ax = resolve("core"), resolve("device")
-        ar = blocks.scratch_for("all_reduce", core_ax, (R, L), x.dtype).prefixed("ar.")
-        ag_spec = blocks.scratch_for("all_gather", dev_ax, (CORES, R, L), x.dtype)
+        ar = in_kernel.scratch_for("all_reduce", core_ax, (R, L), x.dtype).prefixed("ar.")
+        ag_spec = in_kernel.scratch_for("all_gather", dev_ax, (CORES, R, L), x.dtype)
         spec = ar + ag_spec.prefixed("ag.")
 
         def body(x_hbm: Any, o_hbm: Any, src: Any, red: Any, out: Any, *scr: Any) -> None:
             s = spec.bind(scr)
-            # Both handshakes at once: the first block meets every peer of both collectives.
+            # Both handshakes at once: the first collective meets every peer of both collectives.
             core = lax.axis_index("core")
             pltpu.sync_copy(x_hbm, src)
-            blocks.barrier(("device", "core"))
-            blocks.all_reduce(src, red, axis="core", scratch=s.sub("ar."), handshake=False)
-            blocks.all_gather(red, out, axis="device", scratch=s.sub("ag."), handshake=False)
+            in_kernel.barrier(("device", "core"))
+            in_kernel.all_reduce(src, red, axis="core", scratch=s.sub("ar."), handshake=False)
+            in_kernel.all_gather(red, out, axis="device", scratch=s.sub("ag."), handshake=False)
 
             @pl.when(core == 0)
             def _() -> None:
@@ -202,18 +202,18 @@ def test_two_collectives_in_one_kernel(operand: F) -> None:
     np.testing.assert_array_equal(got.reshape(4, 4, CORES, R, L), np.stack([doubled] * 4))
 
 
-def test_blocks_refuse_what_cannot_work() -> None:
+def test_in_kernel_collectives_refuse_what_cannot_work() -> None:
     errors: list[Exception] = []
 
     def per_device(x: Any) -> Any:
         def body(x_hbm: Any, o_hbm: Any, src: Any, dst: Any, big: Any) -> None:
             calls: list[Callable[[], None]] = [
-                lambda: blocks.all_gather(src, src, axis="device"),  # dst not (n, ...)
-                lambda: blocks.all_gather(src, o_hbm, axis="core"),  # HBM receiver, core axis
-                lambda: blocks.all_gather(src, big, axis="device", handshake=False),
-                lambda: blocks.ppermute(src, src, [(0, 1), (1, 1)], axis="core"),
-                lambda: blocks.all_gather(src, big, axis="chips"),
-                lambda: blocks.reduce_scatter(big, src, axis="device", op=BAD_OP),
+                lambda: in_kernel.all_gather(src, src, axis="device"),  # dst not (n, ...)
+                lambda: in_kernel.all_gather(src, o_hbm, axis="core"),  # HBM receiver, core axis
+                lambda: in_kernel.all_gather(src, big, axis="device", handshake=False),
+                lambda: in_kernel.ppermute(src, src, [(0, 1), (1, 1)], axis="core"),
+                lambda: in_kernel.all_gather(src, big, axis="chips"),
+                lambda: in_kernel.reduce_scatter(big, src, axis="device", op=BAD_OP),
             ]
             for call in calls:
                 try:
@@ -259,3 +259,11 @@ def test_blocks_refuse_what_cannot_work() -> None:
 
 def resolve_mesh() -> Any:
     return cc.current_target().device_mesh("device")
+
+
+def test_former_module_name_still_imports() -> None:
+    """``from coremesh.collectives import blocks`` (the module's former name) still works."""
+    from coremesh.collectives import blocks
+
+    assert blocks.all_gather is in_kernel.all_gather
+    assert blocks.scratch_for is in_kernel.scratch_for
