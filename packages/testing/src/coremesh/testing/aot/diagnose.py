@@ -47,6 +47,7 @@ from coremesh.core.errors import (
     MeshError,
     UnsupportedOnChipError,
 )
+from coremesh.testing.aot.sizes import parse_size
 
 
 class DiagnosedError(CompileError):
@@ -139,8 +140,8 @@ _Rule = Callable[[re.Match[str], _Context], DiagnosedError]
 
 def _scoped_vmem(m: re.Match[str], ctx: _Context) -> DiagnosedError:
     c = ctx.chip
-    size = _size(m.group("size"))
-    limit = _size(m.group("limit"))
+    size = parse_size(m.group("size"))
+    limit = parse_size(m.group("limit"))
     phys = c.vmem_bytes_per_core
     if size <= phys:
         need_mib = min(-(-int(size * 1.1) // 2**20), phys // 2**20)
@@ -604,11 +605,6 @@ _CATALOGUE: tuple[tuple[str, re.Pattern[str], _Rule], ...] = (
 
 #: The catalogue's kinds, in matching order.
 KINDS: tuple[str, ...] = tuple(k for k, _, _ in _CATALOGUE)
-
-
-def _size(text: str) -> float:
-    scale = {"K": 2**10, "M": 2**20, "G": 2**30}
-    return float(text[:-1]) * scale[text[-1]] if text[-1] in scale else float(text)
 
 
 def compiler_text(exc: BaseException) -> str:
