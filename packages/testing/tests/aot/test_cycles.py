@@ -16,23 +16,13 @@ import pytest
 from coremesh.core.chips import CHIPS
 from coremesh.testing.aot import (
     CycleEstimate,
-    ProgramError,
+    OpCycles,
     cycles_table,
     lines_table,
     profile,
     to_json,
 )
 from coremesh.testing.aot import samples as kp
-from coremesh.testing.aot.cycles import (
-    MEMORY_CAP_ENV,
-    OpCycles,
-    group_rss_bytes,
-    memory_cap,
-    parse_size,
-    parse_sparsecore_bundles,
-    parse_static_profile,
-    parse_tensorcore_bundles,
-)
 from coremesh.testing.aot.roofline import Work, roofline_for
 from coremesh.testing.guide import PROGRAMS as GUIDE
 
@@ -245,111 +235,6 @@ def test_lines_table_puts_runs_side_by_side_oldest_first() -> None:
     assert "7" in lines_table(records, "plain", variant="xla").splitlines()[2].split()
 
 
-SLOW_MODULE = textwrap.dedent(
-    """
-    import dataclasses
-    import time
-    from coremesh.testing.aot import Work, samples
-
-    class Slow:
-        name = "slow"
-        def build(self, mesh):
-            time.sleep(3600)  # never returns: only the timeout ends it
-        def arg_specs(self, n):
-            return samples.ADD_ONE.arg_specs(n)
-        def in_specs(self):
-            return samples.ADD_ONE.in_specs()
-
-    # The same kernel with the work it declares for the roofline: 1 GB per device.
-    DECLARED = dataclasses.replace(
-        samples.ADD_ONE, name="declared_work", work_fn=lambda n: Work(bytes_accessed=10**9)
-    )
-    PROGRAMS = [Slow(), samples.ADD_ONE, DECLARED]
-    """
-)
-
-
-def test_a_hung_compile_times_out_and_the_rest_still_runs(tmp_path: Any) -> None:
-    module = tmp_path / "slow_programs.py"
-    module.write_text(SLOW_MODULE)
-    # The timeout must only be longer than a real compile on a loaded machine (add_one: ~1 s).
-    results = profile([f"{module}:PROGRAMS"], ["v6e"], include_xla=False, timeout_s=30)
-    by_name = {r.program: r for r in results}
-    assert by_name["slow"].status == "timeout"
-    assert by_name[kp.ADD_ONE.name].status == "ok"
-    declared = by_name["declared_work"]
-    assert declared.cycles == by_name[kp.ADD_ONE.name].cycles
-    assert declared.roofline is not None
-    assert declared.roofline.bound_s == pytest.approx(10**9 / CHIPS["v6e"].hbm_bytes_per_s)
-
-
-GATHER_MODULE = textwrap.dedent(
-    """
-    import dataclasses
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import PartitionSpec as P
-    from coremesh.testing.aot import Arg, FunctionProgram, samples
-
-    def _args(n):
-        return [Arg((256, 128), jnp.float32), Arg((8 * n,), jnp.int32, P("device"))]
-
-    def _gather(name):
-        take = lambda x, i: jnp.take(x, i, axis=0)
-        return FunctionProgram(name=name, builder=lambda _m: jax.jit(take), args=_args)
-
-    AFTER = dataclasses.replace(samples.ADD_ONE, name="add_one_after")
-    PROGRAMS = [_gather("gather_a"), samples.ADD_ONE, _gather("gather_b"), AFTER]
-    """
-)
-
-
-def test_profile_aborts_with_profiles_between_keep_the_static_profile(tmp_path: Any) -> None:
-    # libtpu 0.0.52's static profiler aborts on XLA's own gather on v5e ("Unsupported DMA
-    # direction"). Two such aborts with a program profiled between them are the programs'
-    # fault, not the chip's: the program after them still gets its estimate.
-    module = tmp_path / "gather_programs.py"
-    module.write_text(GATHER_MODULE)
-    results = profile([f"{module}:PROGRAMS"], ["v5e"], include_xla=False)
-    by_name = {r.program: r for r in results}
-    for name in ("gather_a", "gather_b"):
-        assert by_name[name].status == "no_estimate"
-        assert "Unsupported DMA direction" in str(by_name[name].note)
-    first, after = by_name[kp.ADD_ONE.name], by_name["add_one_after"]
-    assert first.status == after.status == "ok"
-    assert after.cycles == first.cycles and after.cycles is not None
-
-
-def test_programs_must_be_findable_by_reference() -> None:
-    with pytest.raises(ProgramError, match="module level"):
-        profile([kp.add_one()], ["v5e"])
-
-
-def test_parsers_read_libtpus_dump_formats(tmp_path: Any) -> None:
-    sp = tmp_path / "sp"
-    sp.mkdir()
-    (sp / "k.1_TPU v5_static_llo_profile.textproto").write_text(
-        'hlo_op_estimate {\n  hlo_op_name: "k.1"\n  estimated_cycles: 123\n'
-        "  num_equivalent_hlos: 1\n}\n"
-    )
-    assert parse_static_profile(str(sp)) == {"k.1": 123}
-    jf = tmp_path / "jf"
-    jf.mkdir()
-    (jf / "17-k.1-00-schedule-analysis_final_bundles.txt").write_text(
-        "Schedule analysis:\n\ttotal scheduled bundles:    93\n"
-    )
-    (jf / "17-TLP-00-schedule-analysis_final_bundles.txt").write_text(
-        "total scheduled bundles: 5\n"
-    )
-    assert parse_tensorcore_bundles(str(jf)) == {"k.1": 93}
-    scb = tmp_path / "scb"
-    scb.mkdir()
-    (scb / "jit_f_1_bundles.txt").write_text(
-        "scs\nmain:\n0x0: {  s1 = sld  }\n0x1: {  _ = snop  }\ntec\nexec:\n0x0: {  v0 = vld  }\n"
-    )
-    assert parse_sparsecore_bundles(str(scb)) == {"scs": 2, "tec": 1}
-
-
 def _estimate(status: Any, partial: bool = False) -> CycleEstimate:
     ops = (OpCycles("k.1", "mosaic", 700, 40), OpCycles("fusion.2", "xla", 17, 5))
     return CycleEstimate(
@@ -381,91 +266,3 @@ def test_ops_of_a_program_that_died_midway_are_kept_but_not_summed() -> None:
     assert _estimate("aborted", partial=True).bundles is None
     assert _estimate("timeout", partial=True).bundles is None
     assert _estimate("no_estimate", partial=True).bundles == 45
-
-
-def test_memory_cap_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert parse_size("8G") == 8 * 2**30 and parse_size("512MiB") == 512 * 2**20
-    assert parse_size("1.5k") == 1536 and parse_size(" 1000000 ") == 10**6
-    with pytest.raises(ValueError, match=MEMORY_CAP_ENV):
-        parse_size("lots")
-    monkeypatch.setenv(MEMORY_CAP_ENV, "3G")
-    assert memory_cap() == 3 * 2**30
-    assert memory_cap(12345) == 12345
-    assert memory_cap(0) is None
-    monkeypatch.setenv(MEMORY_CAP_ENV, "0")
-    assert memory_cap() is None
-    monkeypatch.delenv(MEMORY_CAP_ENV)
-    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    assert memory_cap() == physical // 2
-
-
-@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads Linux's /proc")
-def test_group_rss_counts_the_childs_resident_memory() -> None:
-    hog = "b = b'x' * (200 << 20); print('ready', flush=True); import sys; sys.stdin.read()"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", hog],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
-        rss = group_rss_bytes(proc.pid)
-        assert rss is not None and 200 << 20 < rss < 400 << 20
-    finally:
-        proc.kill()
-        proc.wait()
-    assert group_rss_bytes(proc.pid) is None
-
-
-HOG_MODULE = textwrap.dedent(
-    """
-    import time
-    from coremesh.testing.aot import samples
-
-    class Hog:
-        name = "hog"
-        def build(self, mesh):
-            held = []
-            for _ in range(40):  # up to 4 GB, 100 MB every 0.1 s: the cap stops it first
-                held.append(b"x" * (100 << 20))
-                time.sleep(0.1)
-            time.sleep(120)
-        def arg_specs(self, n):
-            return samples.ADD_ONE.arg_specs(n)
-        def in_specs(self):
-            return samples.ADD_ONE.in_specs()
-
-    PROGRAMS = [Hog(), samples.ADD_ONE]
-    """
-)
-
-
-def test_a_child_over_the_memory_cap_is_killed_and_the_rest_still_runs(tmp_path: Any) -> None:
-    module = tmp_path / "hog_programs.py"
-    module.write_text(HOG_MODULE)
-    seen: list[tuple[str, Any]] = []
-    results = profile(
-        [f"{module}:PROGRAMS"],
-        ["v6e"],
-        include_xla=False,
-        timeout_s=60,
-        memory_cap_bytes=1 << 30,
-        progress=lambda p: seen.append((p.program, p.result)),
-    )
-    by_name = {r.program: r for r in results}
-    hog = by_name["hog"]
-    assert hog.status == "aborted" and hog.cycles is None
-    assert "over the memory cap of 1.0 GiB" in str(hog.note)
-    assert "memory_cap_bytes" in str(hog.note) and MEMORY_CAP_ENV in str(hog.note)
-    assert by_name[kp.ADD_ONE.name].status == "ok"
-    assert ("hog", "aborted") in seen and (kp.ADD_ONE.name, "ok") in seen
-
-
-def test_a_cap_below_start_up_aborts_every_program() -> None:
-    results = profile(
-        ["coremesh.testing.aot.guide:PROGRAMS[add_one]"], ["v5e"], memory_cap_bytes=1 << 20
-    )
-    assert [r.status for r in results] == ["aborted", "aborted"]
-    assert all("over the memory cap of 1.0 MiB" in str(r.note) for r in results)

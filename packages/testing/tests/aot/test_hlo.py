@@ -14,8 +14,9 @@ from jax.sharding import PartitionSpec as P
 
 from coremesh.core.sharding import on_devices
 from coremesh.testing.aot import Arg, compile_program, jitted_program
-from coremesh.testing.aot.cycles import CycleEstimate, OpCycles
+from coremesh.testing.aot.cycles import CycleEstimate
 from coremesh.testing.aot.hlo import vmem_copy_bytes
+from coremesh.testing.aot.profile_dump import OpCycles
 from coremesh.testing.aot.roofline import Work, cycles_to_seconds, roofline_for
 
 HLO = """

@@ -26,7 +26,7 @@ from coremesh.testing.aot.compile import (
     compile_on,
     compile_program,
 )
-from coremesh.testing.aot.cycles import CycleEstimate, OpCycles, profile
+from coremesh.testing.aot.cycles import CycleEstimate
 from coremesh.testing.aot.diagnose import (
     CompilerCapacityError,
     CompilerError,
@@ -36,6 +36,8 @@ from coremesh.testing.aot.diagnose import (
     DiagnosedError,
     explain,
 )
+from coremesh.testing.aot.profile_dump import OpCycles
+from coremesh.testing.aot.profiler import profile
 from coremesh.testing.aot.program import (
     Arg,
     FunctionProgram,
