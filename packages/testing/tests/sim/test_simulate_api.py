@@ -91,6 +91,22 @@ def test_simulator_is_the_current_target() -> None:
         assert sim.num_devices == 2
 
 
+def test_the_simulator_owns_the_one_chip_record_the_rest_reads() -> None:
+    with simulate(chip="v6e", devices=1) as sim:
+        record = sim.simulated_chip
+        assert sim.interpret_params.chip is record  # the params carry it, no copy
+        assert patches.installed_chip() is record  # the patches read it
+        assert (sim.chip, sim.cores_per_device) == (record.chip, record.cores_per_device)
+        assert pltpu.get_tpu_info().num_cores == record.tpu_info.num_cores == 1
+    # It keys jax's caches: equal for the same chip and mode, different across chips or modes.
+    params = [
+        simulate(c, 1, cores_per_device=n).interpret_params
+        for c, n in [("v5p", 2), ("v5p", 2), ("v5p", 1), ("v6e", 1)]
+    ]
+    assert params[0] == params[1] and hash(params[0]) == hash(params[1])
+    assert len({params[0], params[2], params[3]}) == 3
+
+
 def test_nested_contexts_answer_for_the_innermost_chip() -> None:
     with simulate(chip="v5p", devices=2):
         assert pltpu.get_tpu_info().num_cores == 2

@@ -7,7 +7,8 @@ started anywhere during that time: nothing that could still signal it is making 
 error names the waiting device, core and semaphore with its count, and lists every other pending
 wait, which is usually the other half of the cycle.
 
-The watchdog is process-wide, like the interpreter state it watches. It also carries the first
+The watchdog is process-wide, like the interpreter state it watches; the chip its errors name is
+the active simulator's (:mod:`coremesh.testing.sim.chip`). It also carries the first
 simulator failure of a run (deadlock, bad index) across XLA, which turns exceptions raised in host
 callbacks into a generic ``JaxRuntimeError``; the simulator re-raises the recorded error.
 """
@@ -19,6 +20,7 @@ import itertools
 import threading
 import time
 
+from coremesh.testing.sim.chip import current_name
 from coremesh.testing.sim.errors import SimulationDeadlock
 
 DEFAULT_DEADLINE_S = 20.0
@@ -47,7 +49,6 @@ class Watchdog:
 
     def __init__(self) -> None:
         self.deadline = DEFAULT_DEADLINE_S
-        self.chip: str | None = None
         self._lock = threading.Lock()
         self._waits: dict[int, Wait] = {}
         self._keys = itertools.count()
@@ -94,7 +95,7 @@ class Watchdog:
             blocked=others,
             rule="every semaphore_wait needs matching semaphore_signal calls or DMA completions "
             "on the same device and core",
-            chip=self.chip,
+            chip=current_name(),
             fix="check the device_id / core_index of the matching signal or remote copy, and "
             "that every core reaches it; if the kernel really waits longer, pass a larger "
             "deadline= to simulate()",

@@ -10,7 +10,7 @@ jax lines, :mod:`coremesh.testing.sim.compat` says how. A jax older than the old
 release is refused; one newer than the newest tested release gets a warning.
 
 Patches are process-wide (the interpreter's own state is too); nested contexts are counted, and
-the innermost simulated chip is the one jax sees.
+the innermost simulator's chip (:mod:`coremesh.testing.sim.chip`) is the one jax sees.
 """
 
 from __future__ import annotations
@@ -29,6 +29,15 @@ from coremesh.core import jax_compat, jax_versions
 from coremesh.core.dtypes import check_operand_dtype
 from coremesh.core.errors import CoremeshError, MeshError, UnsupportedOnChipError
 from coremesh.testing.sim import compat
+from coremesh.testing.sim.chip import (
+    ActiveSlice,
+    SimulatedChip,
+    active_slice,
+    current,
+    current_name,
+    enter,
+    leave,
+)
 from coremesh.testing.sim.deadlock import WATCHDOG
 from coremesh.testing.sim.errors import race_error
 
@@ -38,32 +47,15 @@ def check_jax_version(version: str | None = None) -> None:
     jax_versions.check(version)
 
 
-# ------------------------------------------------------------------------------------------
-# What the patches need to know about the simulated target.
-# ------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class SimulatedChip:
-    """The target the patched jax answers for: chip info, cores and the simulated devices."""
-
-    name: str
-    tpu_info: Any  # jax's TpuInfo for the chip in this core mode
-    cores_per_device: int
-    devices: tuple[Any, ...]  # host CPU devices standing in for the TPU devices
-
-    @property
-    def has_sparsecore(self) -> bool:
-        return self.tpu_info.sparse_core is not None
-
-
-_stack: list[SimulatedChip] = []
 #: Threads that entered a simulate() context (the ones whose calls the simulator reports on).
 _user_threads: collections.Counter[int] = collections.Counter()
 
 
-def _chip() -> SimulatedChip:
-    return _stack[-1]
+def _devices() -> tuple[Any, ...]:
+    """The host devices standing in for the active simulator's TPU devices."""
+    slice_ = active_slice()
+    assert slice_ is not None  # the patches are installed only while a simulator is active
+    return slice_.devices
 
 
 def _fail(err: Exception) -> Exception:
@@ -102,10 +94,10 @@ def _tpu_info_targets() -> list[tuple[Any, str, Any]]:
     tpu_info = jax_compat.tpu_info_module()
     orig_create = mosaic_core.create_tensorcore_mesh
     registry = dict(tpu_info.registry)
-    registry["cpu"] = lambda: _chip().tpu_info
+    registry["cpu"] = lambda: current().tpu_info
 
     def check_cores(num_cores: int) -> None:
-        chip = _chip()
+        chip = current()
         if num_cores > chip.cores_per_device:
             raise MeshError(
                 f"a TensorCore mesh of {num_cores} cores on a device with {chip.cores_per_device}",
@@ -119,7 +111,7 @@ def _tpu_info_targets() -> list[tuple[Any, str, Any]]:
         axis_name: str, devices: Any = None, num_cores: int | None = None
     ) -> Any:
         if devices is None and num_cores is None:
-            num_cores = _chip().cores_per_device
+            num_cores = current().cores_per_device
         if num_cores is not None:
             check_cores(num_cores)
         return orig_create(axis_name, devices=devices, num_cores=num_cores)
@@ -127,7 +119,7 @@ def _tpu_info_targets() -> list[tuple[Any, str, Any]]:
     def default_num_cores() -> int:
         # jax >= 0.11: TensorCoreMesh(axis_name=...) reads jax.devices()[0].num_cores, which a
         # CPU device does not have.
-        return _chip().cores_per_device
+        return current().cores_per_device
 
     out: list[tuple[Any, str, Any]] = [
         (tpu_info, "registry", registry),
@@ -154,8 +146,35 @@ def _no_sparsecore(chip: SimulatedChip, what: str) -> UnsupportedOnChipError:
     )
 
 
+def mpmd_refusal(chip: SimulatedChip) -> MeshError:
+    """Why a kernel over several meshes (MPMD) cannot run on the simulator, and what to do."""
+    return MeshError(
+        "an MPMD SparseCore kernel (several body/mesh pairs) cannot run on the simulator",
+        rule="Pallas' interpret mode cannot lower several mesh/function pairs (jax 0.10.2, "
+        "0.11.2 and 0.12.0.1 alike)",
+        chip=chip.name,
+        fix="check it with the compile-only target (coremesh.testing.aot), or run its "
+        "vector- and scalar-subcore bodies as two kernels to simulate them",
+    )
+
+
+def _mpmd_targets() -> list[tuple[Any, str, Any]]:
+    from jax._src.pallas import mpmd
+
+    orig = mpmd._mpmd_map_fallback_lowering
+
+    def fallback_lowering(ctx: Any, *in_nodes: Any, **params: Any) -> Any:
+        # Upstream (mpmd.py:500) raises NotImplementedError for a pl.kernel over several
+        # meshes on CPU, interpret mode included: refuse it with what to do instead.
+        if len(params["jaxprs"]) > 1:
+            raise mpmd_refusal(current())
+        return orig(ctx, *in_nodes, **params)
+
+    return [(mpmd, "_mpmd_map_fallback_lowering", fallback_lowering)]
+
+
 def _get_sparse_core_info() -> Any:
-    chip = _chip()
+    chip = current()
     if not chip.has_sparsecore:
         raise _no_sparsecore(chip, "SparseCore meshes")
     return chip.tpu_info.sparse_core
@@ -169,7 +188,7 @@ def _host_devices_targets() -> list[tuple[Any, str, Any]]:
 
     def devices(backend: Any = None) -> list[Any]:
         if backend in (None, "cpu"):
-            return list(_chip().devices)
+            return list(_devices())
         return list(orig["devices"](backend))
 
     def device_count(backend: Any = None) -> int:
@@ -179,7 +198,7 @@ def _host_devices_targets() -> list[tuple[Any, str, Any]]:
         process_index: int | None = None, backend: Any = None, host_id: int | None = None
     ) -> list[Any]:
         if backend in (None, "cpu") and process_index in (None, 0) and host_id in (None, 0):
-            return list(_chip().devices)
+            return list(_devices())
         return list(orig["local_devices"](process_index, backend, host_id))
 
     def local_device_count(backend: Any = None) -> int:
@@ -235,7 +254,7 @@ def check_core(sm: Any, device: int, core: int) -> None:
                 f"a DMA or signal targets core {core} of device {device}, which has "
                 f"{sm.num_cores_per_device} core(s)",
                 rule="device_id={'core': i} and core_index name a core of the kernel's mesh",
-                chip=_chip().name if _stack else None,
+                chip=current_name(),
                 fix="compute the target core modulo jax.lax.axis_size('core')",
             )
         )
@@ -451,7 +470,7 @@ def _interpret_call_targets() -> list[tuple[Any, str, Any]]:
     orig = ipc.interpret_pallas_call
 
     def interpret_pallas_call(*args: Any, mesh: Any, interpret_params: Any, **kw: Any) -> Any:
-        chip = _chip()
+        chip = current()
         # The interpreter runs kernels on operands Mosaic refuses on every TPU (float16, bool).
         for value in (*args, *kw.get("out_avals", ())):
             dtype = getattr(value, "dtype", None)
@@ -656,7 +675,7 @@ def _race_from_upstream(err: BaseException) -> Exception | None:
         return None
     report = text[start:].partition("\n\n")[0].partition("For simplicity, JAX")[0].strip()
     RACES.add(report)
-    return race_error(RACES.drain(), _chip().name if _stack else None)
+    return race_error(RACES.drain(), current_name())
 
 
 class RaceLog:
@@ -739,6 +758,12 @@ PATCHES: tuple[Patch, ...] = (
         _sparsecore_primitive_targets,
     ),
     Patch(
+        "mpmd_refusal",
+        "pl.kernel over several meshes (MPMD) fails to lower in interpret mode with "
+        "'NotImplementedError: Lowering multiple mesh/function pairs' (mpmd.py:500)",
+        _mpmd_targets,
+    ),
+    Patch(
         "compile_cache",
         "thread_map recompiles every core's program on every call (thread_map.py:34)",
         _compile_cache_targets,
@@ -791,8 +816,9 @@ def active() -> tuple[str, ...]:
     return tuple(p.name for p in PATCHES if p.needed())
 
 
-def install(chip: SimulatedChip, without: Collection[str] = ()) -> None:
-    """Apply the patches (all but ``without``) for ``chip``; nested calls stack the chip."""
+def install(slice_: ActiveSlice, without: Collection[str] = ()) -> None:
+    """Apply the patches (all but ``without``) for the simulator ``slice_``, whose chip and
+    devices they answer with; nested calls stack it."""
     unknown = set(without) - set(PATCH_NAMES)
     if unknown:
         raise CoremeshError(
@@ -802,7 +828,7 @@ def install(chip: SimulatedChip, without: Collection[str] = ()) -> None:
         )
     wanted = frozenset(PATCH_NAMES) - set(without)
     with _lock:
-        if not _stack:
+        if active_slice() is None:
             check_jax_version()
             _state.enabled = wanted
             # sparsecore_axes lives in the interpret_pallas_call wrapper, which also checks
@@ -818,7 +844,7 @@ def install(chip: SimulatedChip, without: Collection[str] = ()) -> None:
                 rule="patches are process-wide; nested contexts share the outer one's",
                 fix="pass the same disable_patches to nested simulate() contexts",
             )
-        _stack.append(chip)
+        enter(slice_)
         _user_threads[threading.get_ident()] += 1
         _clear_caches()
 
@@ -826,12 +852,12 @@ def install(chip: SimulatedChip, without: Collection[str] = ()) -> None:
 def uninstall() -> None:
     """Undo the innermost :func:`install`; the last one restores every original."""
     with _lock:
-        _stack.pop()
+        leave()
         me = threading.get_ident()
         _user_threads[me] -= 1
         if _user_threads[me] <= 0:
             del _user_threads[me]
-        if not _stack:
+        if active_slice() is None:
             while _state.saved:
                 obj, attr, old = _state.saved.pop()
                 if old is _INHERITED:
@@ -857,4 +883,6 @@ def describe() -> tuple[tuple[str, str], ...]:
 
 
 def installed_chip() -> SimulatedChip | None:
-    return _stack[-1] if _stack else None
+    """The chip the patched jax answers for now, or None outside every context."""
+    slice_ = active_slice()
+    return slice_.simulated_chip if slice_ is not None else None

@@ -24,8 +24,9 @@ from jax.experimental.pallas import tpu as pltpu
 from coremesh.core import jax_compat
 from coremesh.core.chips import Chip, get_chip
 from coremesh.core.errors import CoremeshError, MeshError
-from coremesh.core.targets import SliceTarget, auto_mesh, using_target
+from coremesh.core.targets import auto_mesh, using_target
 from coremesh.testing.sim import patches
+from coremesh.testing.sim.chip import SimulatedChip
 from coremesh.testing.sim.deadlock import DEFAULT_DEADLINE_S, WATCHDOG
 from coremesh.testing.sim.devices import configure_host_devices, cpu_devices
 from coremesh.testing.sim.errors import race_error
@@ -55,17 +56,21 @@ def _is_seconds(value: object, most: float) -> bool:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SimParams(InterpretParams):  # type: ignore[misc]
-    """Interpret-mode parameters that also name the simulated chip.
+    """Interpret-mode parameters that also carry the simulator's chip (the same object).
 
     jax keys its trace and compile caches on the interpret parameters, so a program traced for
     one chip is never reused for another.
     """
 
-    chip: str = ""
+    chip: SimulatedChip | None = None
 
 
-class Simulator(SliceTarget):
-    """A simulated TPU slice; a :class:`coremesh.core.Target`. Enter it to run kernels."""
+class Simulator:
+    """A simulated TPU slice; a :class:`coremesh.core.Target`. Enter it to run kernels.
+
+    It owns one :class:`~coremesh.testing.sim.chip.SimulatedChip`: its ``chip`` and
+    ``cores_per_device``, its interpret parameters, the patches and the watchdog all read that.
+    """
 
     name = "simulator"
 
@@ -82,22 +87,20 @@ class Simulator(SliceTarget):
         grid_seed: int | None = None,
         disable_patches: Collection[str] = (),
     ) -> None:
-        self._chip = get_chip(chip)
-        if self._chip.name not in _CHIP_VERSIONS:
+        record = get_chip(chip)
+        if record.name not in _CHIP_VERSIONS:
             raise CoremeshError(
-                f"the simulator has no model of {self._chip.name}",
+                f"the simulator has no model of {record.name}",
                 rule=f"it simulates {', '.join(_CHIP_VERSIONS)}",
-                chip=self._chip.name,
+                chip=record.name,
                 fix="pick one of those chips",
             )
-        self._cores = self._chip.check_cores_per_device(
-            cores_per_device or self._chip.default_cores_per_device
-        )
+        cores = record.check_cores_per_device(cores_per_device or record.default_cores_per_device)
         if not _is_count(devices):
             raise MeshError(
                 f"devices={devices!r}",
                 rule="a simulated slice has a whole number of devices, at least 1",
-                chip=self._chip.name,
+                chip=record.name,
                 fix="pass devices=1, 2, 4, ...",
             )
         if dma_execution_mode not in ("on_wait", "eager"):
@@ -134,28 +137,46 @@ class Simulator(SliceTarget):
                 rule=f"the patches are {', '.join(patches.PATCH_NAMES)}",
                 fix="name patches from that list",
             )
-        super().__init__(self._chip, devices, self._cores)
+        self._chip = SimulatedChip(record, cores, _tpu_info(record, cores))
+        self._n = devices
         self._races = races
         self._deadline = float(deadline)
         self._disabled = frozenset(disable_patches)
         self._params = SimParams(
-            chip=self._chip.name,
-            num_cores_or_threads=self._cores,
+            chip=self._chip,
+            num_cores_or_threads=cores,
             dma_execution_mode=dma_execution_mode,
             detect_races=races,
             uninitialized_memory=uninitialized_memory,
             random_seed=grid_seed,
         )
         self._devices: tuple[Any, ...] = ()
-        self._stacks: list[tuple[contextlib.ExitStack, float, str | None]] = []
+        self._stacks: list[tuple[contextlib.ExitStack, float]] = []
         self._race_reports: list[str] = []
 
-    # Target protocol (chip, num_devices, cores_per_device: SliceTarget) ---------------------
+    # Target protocol ------------------------------------------------------------------------
+
+    @property
+    def chip(self) -> Chip:
+        return self._chip.chip
+
+    @property
+    def num_devices(self) -> int:
+        return self._n
+
+    @property
+    def cores_per_device(self) -> int:
+        return self._chip.cores_per_device
 
     def activate(self) -> contextlib.AbstractContextManager[object]:
         return self
 
     # Simulator ------------------------------------------------------------------------------
+
+    @property
+    def simulated_chip(self) -> SimulatedChip:
+        """The chip, core mode and jax chip info the simulator answers for."""
+        return self._chip
 
     @property
     def interpret_params(self) -> InterpretParams:
@@ -201,23 +222,13 @@ class Simulator(SliceTarget):
         self._raise_races()
         return out
 
-    def _tpu_info(self) -> Any:
-        tpu_info = jax_compat.tpu_info_module()
-        version = tpu_info.ChipVersion[_CHIP_VERSIONS[self._chip.name]]
-        return tpu_info.get_tpu_info_for_chip(version, self._cores)
-
     def __enter__(self) -> Simulator:
-        configure_host_devices(self._n, prefer=self._n * (self._cores + 1))
+        cores = self._chip.cores_per_device
+        configure_host_devices(self._n, prefer=self._n * (cores + 1))
         patches.check_jax_version()
         self._devices = tuple(cpu_devices()[: self._n])
-        view = patches.SimulatedChip(
-            name=self._chip.name,
-            tpu_info=self._tpu_info(),
-            cores_per_device=self._cores,
-            devices=self._devices,
-        )
         outermost = patches.installed_chip() is None
-        patches.install(view, without=self._disabled)
+        patches.install(self, without=self._disabled)
         stack = contextlib.ExitStack()
         stack.callback(patches.uninstall)
         try:
@@ -231,8 +242,8 @@ class Simulator(SliceTarget):
         except BaseException:
             stack.close()
             raise
-        self._stacks.append((stack, WATCHDOG.deadline, WATCHDOG.chip))
-        WATCHDOG.deadline, WATCHDOG.chip = self._deadline, self._chip.name
+        self._stacks.append((stack, WATCHDOG.deadline))
+        WATCHDOG.deadline = self._deadline
         return self
 
     def __exit__(
@@ -241,7 +252,7 @@ class Simulator(SliceTarget):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        stack, deadline, chip = self._stacks.pop()
+        stack, deadline = self._stacks.pop()
         failure = WATCHDOG.take() if exc is not None else None
         if failure is not None:
             ipc.reset_tpu_interpret_mode_state()
@@ -249,7 +260,7 @@ class Simulator(SliceTarget):
             if exc is None:
                 self._raise_races()
         finally:
-            WATCHDOG.deadline, WATCHDOG.chip = deadline, chip
+            WATCHDOG.deadline = deadline
             if not self._stacks:
                 self._devices = ()
             stack.close()
@@ -264,9 +275,17 @@ class Simulator(SliceTarget):
 
     def __repr__(self) -> str:
         return (
-            f"Simulator({self._chip.name}, devices={self._n}, cores_per_device={self._cores}, "
+            f"Simulator({self._chip.name}, devices={self._n}, "
+            f"cores_per_device={self._chip.cores_per_device}, "
             f"dma={self._params.dma_execution_mode!r}, races={self._races})"
         )
+
+
+def _tpu_info(chip: Chip, cores: int) -> Any:
+    """jax's ``TpuInfo`` for ``chip`` with ``cores`` TensorCores per device."""
+    tpu_info = jax_compat.tpu_info_module()
+    version = tpu_info.ChipVersion[_CHIP_VERSIONS[chip.name]]
+    return tpu_info.get_tpu_info_for_chip(version, cores)
 
 
 def simulate(
@@ -305,16 +324,16 @@ def simulate(
       disable_patches: names from ``patches.PATCH_NAMES`` to leave out; for regression tests
         that show what each fix is for.
 
+    It is always the simulator. Tests that should also run on a TPU VM (``nox -s tpu_tests``)
+    take their slice from the pytest plugin's ``sim`` or ``slice_target`` fixture instead, which
+    hands out the local TPU there.
+
     Example::
 
         with coremesh.testing.simulate(chip="v5p", devices=4) as sim:
             mesh = jax.make_mesh((4,), ("device",))
             y = my_jitted_shard_mapped_kernel(x)
     """
-    from coremesh.testing.hardware import HardwareRun, hardware_requested
-
-    if hardware_requested():  # `nox -s tpu_tests`: the same suites, on the local TPU
-        return HardwareRun(chip, devices, cores_per_device)  # type: ignore[return-value]
     return Simulator(
         chip,
         devices,
