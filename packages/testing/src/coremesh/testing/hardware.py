@@ -1,17 +1,17 @@
-"""Running the simulator's suites on real TPUs: ``simulate()``'s stand-in on a TPU VM.
+"""Running the simulator's suites on real TPUs: the local TPU behind the simulator's API.
 
-With ``COREMESH_TARGET=hardware`` (``pytest --coremesh-target=hardware``, which ``nox -s
-tpu_tests`` passes), ``simulate(chip, devices)`` returns a :class:`HardwareRun` over the local
-TPU devices instead of the simulator, with the same API, so every test that runs kernels through
-``simulate()`` runs them on the chip. A test asking for another chip, more devices than the VM
-has, or another core mode raises :class:`NotOnThisHardwareError`, which the pytest plugin reports
-as a skip with the reason.
+With ``--coremesh-target=hardware`` (or ``COREMESH_TARGET=hardware``; ``nox -s tpu_tests`` passes
+the option), the pytest plugin's ``sim`` and ``slice_target`` fixtures hand tests a
+:class:`HardwareRun` over the local TPU devices instead of a simulator, with the same API, so
+every test that takes its slice from them runs its kernels on the chip. ``simulate()`` itself is
+always the simulator. A test asking for another chip, more devices than the VM has, or another
+core mode raises :class:`NotOnThisHardwareError`, which the plugin reports as a skip with the
+reason.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -20,29 +20,12 @@ from coremesh.core.chips import Chip, get_chip
 from coremesh.core.errors import CoremeshError
 from coremesh.core.targets import HardwareTarget
 
+#: The environment variable that, set to ``hardware``, does what ``--coremesh-target`` does.
 ENV = "COREMESH_TARGET"
 
 
 class NotOnThisHardwareError(CoremeshError):
     """The test asked for a slice this TPU VM is not."""
-
-
-#: Set by the pytest plugin for the length of one session (``--coremesh-target``); wins over ENV.
-_override: list[str] = []
-
-
-def hardware_requested() -> bool:
-    where = _override[-1] if _override else os.environ.get(ENV, "sim")
-    return where.lower() == "hardware"
-
-
-def push_target(where: str) -> None:
-    """Run ``simulate()`` on ``where`` ("sim" or "hardware") until :func:`pop_target`."""
-    _override.append(where)
-
-
-def pop_target() -> None:
-    _override.pop()
 
 
 class HardwareRun(HardwareTarget):

@@ -8,8 +8,14 @@
   and 4 devices x 2 cores run reliably with 4 x (2 + 1) host devices. It does not
   change ``JAX_PLATFORMS``: libtpu stays available for compile-only checks in the same process.
 * Fixtures: ``chip`` (``"v5p"``; parametrize it indirectly for other chips), ``sim`` (an entered
-  :func:`coremesh.testing.simulate` context), ``run_isolated`` (run Python code in a subprocess
-  with a timeout, for code that may hang).
+  slice: :func:`coremesh.testing.simulate`'s simulator), ``slice_target`` (a factory of slices
+  for tests that choose their own: ``with slice_target("v6e", 2) as s:``), ``run_isolated`` (run
+  Python code in a subprocess with a timeout, for code that may hang).
+* Targets: ``--coremesh-target=hardware`` (or ``COREMESH_TARGET=hardware``; ``nox -s tpu_tests``
+  passes it) makes ``sim`` and ``slice_target`` hand out the local TPU devices
+  (:class:`coremesh.testing.hardware.HardwareRun`, the simulator's API) instead, so the same tests
+  run their kernels on the chip; a test asking for a slice the VM is not is skipped with the
+  reason. Tests that call ``simulate()`` themselves always get the simulator.
 * Hang protection: the simulator turns deadlocks into errors after ``deadline`` seconds (the
   fixture uses 10 s); tests default to pytest-timeout's limit; code that can hang for reasons
   the simulator does not watch (stock jax) runs through ``run_isolated``.
@@ -22,9 +28,16 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import pytest
+
+if TYPE_CHECKING:
+    from coremesh.testing.hardware import HardwareRun
+    from coremesh.testing.sim.simulator import Simulator
+
+    #: What ``sim`` and ``slice_target`` hand out: a simulator, or the local TPU on hardware.
+    Slice: TypeAlias = Simulator | HardwareRun
 
 #: Host CPU devices the plugin asks jax for.
 HOST_DEVICES = 16
@@ -37,14 +50,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--coremesh-target",
         choices=("sim", "hardware"),
         default=None,
-        help="where simulate() runs kernels: the CPU simulator (default) or the local TPU",
+        help="where the sim and slice_target fixtures run kernels: the CPU simulator (default) "
+        "or the local TPU (also COREMESH_TARGET=hardware)",
     )
 
 
-def _pop_target() -> None:
-    from coremesh.testing.hardware import pop_target
+def hardware_requested(config: pytest.Config) -> bool:
+    """Does this session run its slices on the local TPU? The option wins over the variable."""
+    from coremesh.testing.hardware import ENV
 
-    pop_target()
+    where = config.getoption("--coremesh-target", default=None) or os.environ.get(ENV, "sim")
+    return str(where).lower() == "hardware"
 
 
 def _skip_other_slices() -> Any:
@@ -68,12 +84,6 @@ def pytest_runtest_call() -> Any:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    target = config.getoption("--coremesh-target", default=None)
-    if target is not None:
-        from coremesh.testing.hardware import push_target
-
-        push_target(target)
-        config.add_cleanup(_pop_target)
     config.addinivalue_line(
         "markers",
         "sim(**kwargs): runs on the CPU simulator; keywords go to coremesh.testing.simulate",
@@ -106,16 +116,45 @@ def chip(request: pytest.FixtureRequest) -> str:
     return str(getattr(request, "param", "v5p"))
 
 
-@pytest.fixture
-def sim(request: pytest.FixtureRequest, chip: str) -> Iterator[Any]:
-    """An entered simulator: ``chip`` x 4 devices, or what ``@pytest.mark.sim(...)`` says."""
+def make_slice(
+    config: pytest.Config,
+    chip: str = "v5p",
+    devices: int = 4,
+    *,
+    cores_per_device: int | None = None,
+    **simulator_options: Any,
+) -> Slice:
+    """A slice of ``devices`` x ``chip`` to enter: the simulator (``simulator_options`` go to
+    :func:`coremesh.testing.simulate`), or, when the session targets hardware, the local TPU
+    (the simulator's own options, such as ``races`` or ``deadline``, do not apply there)."""
+    if hardware_requested(config):
+        from coremesh.testing.hardware import HardwareRun
+
+        return HardwareRun(chip, devices, cores_per_device)
     from coremesh.testing.sim import simulate
 
+    return simulate(chip, devices, cores_per_device=cores_per_device, **simulator_options)
+
+
+@pytest.fixture
+def slice_target(request: pytest.FixtureRequest) -> Callable[..., Slice]:
+    """``slice_target(chip="v5p", devices=4, *, cores_per_device=None, **simulator_options)``:
+    a slice for tests that choose their own, entered with ``with``; see :func:`make_slice`."""
+
+    def make(*args: Any, **kwargs: Any) -> Slice:
+        return make_slice(request.config, *args, **kwargs)
+
+    return make
+
+
+@pytest.fixture
+def sim(request: pytest.FixtureRequest, chip: str) -> Iterator[Slice]:
+    """An entered slice: ``chip`` x 4 devices, or what ``@pytest.mark.sim(...)`` says."""
     kwargs: dict[str, Any] = {"chip": chip, "devices": 4, "deadline": FIXTURE_DEADLINE_S}
     marker = request.node.get_closest_marker("sim")
     if marker is not None:
         kwargs.update(marker.kwargs)
-    with simulate(**kwargs) as s:
+    with make_slice(request.config, **kwargs) as s:
         yield s
 
 
