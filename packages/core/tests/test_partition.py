@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coremesh.core import LayoutError, Span, check_block_shape, split_rows, tile_shape
+from coremesh.core import LayoutError, Span, check_block_shape, core_share, split_rows, tile_shape
 
 
 def test_even_split() -> None:
@@ -71,3 +71,22 @@ def test_block_shape_rules() -> None:
         check_block_shape((24, 128), (1024, 1024), "float32", "v5e")
     with pytest.raises(LayoutError, match="rank"):
         check_block_shape((8,), (1024, 1024), "float32", "v5e")
+
+
+@pytest.mark.parametrize(("total", "parts"), [(0, 3), (5, 8), (64, 64), (100, 64), (7, 1)])
+def test_core_share_covers_every_item_once(total: int, parts: int) -> None:
+    shares = [tuple(int(v) for v in core_share(total, parts, p)) for p in range(parts)]
+    counts = [c for _, c in shares]
+    assert sum(counts) == total and max(counts) - min(counts) <= 1
+    covered = [i for s, c in shares for i in range(s, s + c)]
+    assert covered == list(range(total))
+
+
+def test_core_share_is_traceable_and_agrees_with_split_rows() -> None:
+    # Traced part index, as inside a kernel body; the same split as split_rows in whole tiles.
+    import jax
+
+    starts, sizes = jax.vmap(lambda p: core_share(5, 2, p))(np.arange(2))
+    spans = split_rows(40, 2)
+    assert [8 * int(s) for s in starts] == [s.start for s in spans]
+    assert [8 * int(n) for n in sizes] == [s.size for s in spans]

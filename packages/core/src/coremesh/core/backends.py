@@ -3,14 +3,16 @@
 Loading is lazy (nothing is imported until a backend is asked for) and cached. Two distributions
 claiming one name are refused; a backend that fails to import is named in the error. A backend
 asked for by name that is missing fails loudly; one picked by discovery for a mesh kind warns
-when more than one could serve it.
+when more than one could serve it, unless ``using_backend`` chose one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Protocol, runtime_checkable
 
@@ -98,8 +100,37 @@ def get_backend(name: str) -> Backend:
     return backend
 
 
+_preferred: contextvars.ContextVar[tuple[Backend, ...]] = contextvars.ContextVar(
+    "coremesh_preferred_backends", default=()
+)
+
+
+@contextlib.contextmanager
+def using_backend(backend: str | Backend) -> Iterator[Backend]:
+    """Build kernels of ``backend``'s kinds with it inside the block (innermost wins).
+
+    Every kernel goes through ``backend_for``, so this reroutes user kernels and the ops'
+    kernels alike: e.g. a second TensorCore backend installed beside ``coremesh-tensorcore``.
+    """
+    chosen = get_backend(backend) if isinstance(backend, str) else backend
+    if not isinstance(chosen, Backend):
+        raise BackendError(
+            f"{backend!r} is not a coremesh Backend",
+            rule="it must have name, core_kinds, is_available() and make_kernel()",
+            fix="pass a backend name from available_backends() or a Backend object",
+        )
+    token = _preferred.set((chosen, *_preferred.get()))
+    try:
+        yield chosen
+    finally:
+        _preferred.reset(token)
+
+
 def backend_for(kind: CoreKind) -> Backend:
     """The backend that serves meshes of ``kind``; warns when several could."""
+    for chosen in _preferred.get():
+        if kind in chosen.core_kinds:
+            return chosen
     candidates = [n for n in available_backends() if kind in _load(n).core_kinds]
     usable = [n for n in candidates if _load(n).is_available()]
     if not usable:

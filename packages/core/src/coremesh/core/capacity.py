@@ -8,7 +8,7 @@ physical size; these checks say so before the compiler does.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 from coremesh.core.chips import Chip, get_chip
@@ -20,6 +20,48 @@ Space = Literal["vmem", "smem", "sparsecore_vmem"]
 
 def nbytes(shape: Iterable[int], dtype: Any) -> int:
     return math.prod(shape) * itemsize(dtype)
+
+
+def padded_nbytes(shape: Sequence[int], dtype: Any, chip: str | Chip) -> int:
+    """Bytes a TensorCore buffer takes: its last two dims rounded up to the chip's tile.
+
+    Mosaic lays VMEM/SMEM buffers out in (sublane, lane) tiles, so an (8, 1) float32 buffer
+    takes a whole (8, 128) tile. This is the size the kernel check and the compile check use.
+    """
+    size = itemsize(dtype)
+    dims = list(shape)
+    if len(dims) >= 2 and size in (1, 2, 4):
+        sub, lane = get_chip(chip).tile(size)
+        dims[-2] = -(-dims[-2] // sub) * sub
+        dims[-1] = -(-dims[-1] // lane) * lane
+    return math.prod(dims) * size
+
+
+def scratch_bytes(
+    scratch: Sequence[Any], chip: str | Chip, *, tiled: bool = True
+) -> dict[str, int]:
+    """VMEM and SMEM bytes of ``pltpu.VMEM(...)``/``pltpu.SMEM(...)`` scratch (semaphores: 0).
+
+    ``tiled`` pads each buffer to the TensorCore tile (``padded_nbytes``); SparseCore subcore
+    memory is not laid out in TensorCore tiles, so its kernels count raw bytes.
+    """
+    import jax
+
+    totals = {"vmem": 0, "smem": 0}
+    for s in jax.tree.leaves(list(scratch), is_leaf=lambda x: hasattr(x, "shape")):
+        space = str(getattr(s, "memory_space", "")).lower()
+        shape, dtype = getattr(s, "shape", None), getattr(s, "dtype", None)
+        if shape is None or dtype is None:
+            continue
+        key = "smem" if "smem" in space else "vmem" if "vmem" in space else None
+        if key is None:
+            continue
+        try:
+            size = padded_nbytes(shape, dtype, chip) if tiled else nbytes(shape, dtype)
+        except (TypeError, ValueError):
+            continue  # semaphore arrays carry a dtype that is no data type
+        totals[key] += size
+    return totals
 
 
 def _mib(n: int) -> str:

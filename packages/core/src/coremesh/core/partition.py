@@ -95,6 +95,20 @@ def split_rows(
     return tuple(spans)
 
 
+def core_share(n: int, parts: int, part: Any) -> tuple[Any, Any]:
+    """``(start, size)`` of part ``part``'s contiguous share of ``n`` items over ``parts``.
+
+    The traced twin of ``split_rows`` for kernel bodies: ``part`` may be a core or subcore index
+    (``jax.lax.axis_index``). The first ``n % parts`` parts take one item more, so shares differ
+    by at most one and cover ``0..n`` in order.
+    """
+    import jax.numpy as jnp
+
+    base, extra = divmod(n, parts)
+    p = jnp.asarray(part, jnp.int32)
+    return p * base + jnp.minimum(p, extra), base + (p < extra).astype(jnp.int32)
+
+
 def check_block_shape(
     block_shape: Sequence[int],
     array_shape: Sequence[int],

@@ -62,18 +62,3 @@ def check_register_shape(shape: tuple[int, ...], dtype: Any, chip: str | Chip) -
             fix=f"use coremesh.sparsecore.register_shape({dtype_name(dtype)!s}, chip) = "
             f"({rows}, {width}) instead of hard-coding it",
         )
-
-
-def split(total: int, parts: int, worker: Any) -> tuple[Any, Any]:
-    """``(start, count)`` of ``worker``'s share of ``total`` items over ``parts`` workers.
-
-    The first ``total % parts`` workers take one extra item, so shares differ by at most one.
-    ``worker`` may be traced (an axis index).
-    """
-    q, r = divmod(total, parts)
-    import jax.numpy as jnp
-
-    w = jnp.asarray(worker, jnp.int32)
-    start = w * q + jnp.minimum(w, r)
-    count = q + (w < r).astype(jnp.int32)
-    return start, count

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from coremesh.core import CoreKind, KernelSpec
+from coremesh.core import CoreKind, KernelSpec, check_operand_dtype
 from coremesh.core.kernel import PallasKernel
 
 #: Operands at least this large are pinned to HBM (see ``TensorCoreKernel``).
@@ -28,15 +28,17 @@ class TensorCoreKernel(PallasKernel):
 
     backend_name = "tensorcore"
     kinds = frozenset({CoreKind.TENSOR})
+    dtype_rule = staticmethod(check_operand_dtype)
 
     def __init__(self, spec: KernelSpec) -> None:
         super().__init__(spec)
         # Under jit, so the pinned values (their type names HBM) never reach an op outside the
         # kernel: eager shard_map applies each primitive on its own and rejects such a type.
         # Built once, so eager calls reuse jit's cache instead of tracing a new function each.
-        self._pinned_call = _pinned(super().__call__)
+        self._pinned_call = _pinned(self._fn)
 
     def __call__(self, *args: Any) -> Any:
+        self.check_operands(args)
         return self._pinned_call(*args)
 
 

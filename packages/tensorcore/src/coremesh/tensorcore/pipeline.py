@@ -16,16 +16,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from coremesh.core import LayoutError, Manual, Parallel
-
-Split = Parallel | Manual | None
-
-
-def core_share(n: int, core: Any, cores: int) -> tuple[Any, Any]:
-    """(start, size) of core ``core``'s contiguous share of ``n`` steps, remainders spread."""
-    base, extra = divmod(n, cores)
-    start = core * base + jax.numpy.minimum(core, extra)
-    size = base + (core < extra).astype(jax.numpy.int32)
-    return start, size
+from coremesh.core.partition import core_share
+from coremesh.core.pipeline import Split
 
 
 def sub_blocks(spec: pl.BlockSpec, streams: int) -> list[pl.BlockSpec]:
@@ -106,7 +98,7 @@ def _manual(
     def run(*refs: Any) -> None:
         core = jax.lax.axis_index(split.core_axis)
         cores = jax.lax.axis_size(split.core_axis)
-        start, size = core_share(grid[axis], core, cores)
+        start, size = core_share(grid[axis], cores, core)
 
         def shift(spec: pl.BlockSpec) -> pl.BlockSpec:
             index_map = spec.index_map

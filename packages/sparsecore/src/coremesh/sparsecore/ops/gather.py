@@ -28,7 +28,9 @@ from jax.sharding import PartitionSpec as P
 from coremesh.core import CostEstimate, LayoutError, check_fits, current_target
 from coremesh.core.dma import indexed_dma_fits
 from coremesh.core.dtypes import itemsize
+from coremesh.core.partition import core_share
 from coremesh.core.sharding import device_shards, on_devices
+from coremesh.sparsecore.kernel import kernel
 from coremesh.sparsecore.mesh import SparseCoreMesh
 from coremesh.sparsecore.mesh import mesh as target_mesh
 from coremesh.sparsecore.ops._checks import (
@@ -38,7 +40,7 @@ from coremesh.sparsecore.ops._checks import (
     check_range,
     check_table,
 )
-from coremesh.sparsecore.registers import MOVE_DTYPES, check_dtype, register_width, split
+from coremesh.sparsecore.registers import MOVE_DTYPES, check_dtype, register_width
 
 
 def fill_value_for(dtype: Any) -> Any:
@@ -182,7 +184,7 @@ def gather(
         w = jax.lax.axis_index(sc_mesh.core_axis) * subcores + jax.lax.axis_index(
             sc_mesh.subcore_axis
         )
-        start, count = split(groups, workers, w)
+        start, count = core_share(groups, workers, w)
         if tab_v:
             vmem_body(idx_hbm, t_hbm, o_hbm, idx_v, buf, tab_v[0], start, count)
             return
@@ -263,17 +265,17 @@ def gather(
         safe = jnp.clip(idx, 0, rows - 1)
         if padded != local_n:
             safe = jnp.pad(safe, (0, padded - local_n))
-        kern = pl.kernel(
+        kern = kernel(
             body,
             out_type=jax.ShapeDtypeStruct((padded, tab.shape[1]), tab.dtype),
-            mesh=sc_mesh.pallas_mesh(),
-            scratch_types=[
+            mesh=sc_mesh,
+            scratch=[
                 pltpu.VMEM((2, group), jnp.int32),
                 pltpu.VMEM((2, group, tab.shape[1]), tab.dtype),
                 pltpu.SemaphoreType.DMA((2,)),
                 *([pltpu.VMEM(tab.shape, tab.dtype)] if method == "vmem" else []),
             ],
-            cost_estimate=cost.to_pallas(),
+            cost_estimate=cost,
             name="coremesh_sc_gather",
         )
         out = _from_words(kern(safe, tab), tab_in.dtype)

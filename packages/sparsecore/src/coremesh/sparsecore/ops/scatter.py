@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 from coremesh.core import CapacityError, CostEstimate, LayoutError, current_target
 from coremesh.core.dtypes import itemsize
 from coremesh.core.sharding import device_shards, on_devices
+from coremesh.sparsecore.kernel import kernel
 from coremesh.sparsecore.mesh import SparseCoreMesh, sparsecore_of
 from coremesh.sparsecore.mesh import mesh as target_mesh
 from coremesh.sparsecore.ops._checks import (
@@ -217,16 +218,16 @@ def _scatter(
             if padded_rows != rows:
                 full = jnp.pad(full, ((0, padded_rows - rows), (0, 0)))
             args.append(full)
-        kern = pl.kernel(
+        kern = kernel(
             body,
             out_type=jax.ShapeDtypeStruct((padded_rows, cols), dtype),
-            mesh=sc_mesh.pallas_mesh(),
-            scratch_types=[
+            mesh=sc_mesh,
+            scratch=[
                 pltpu.VMEM((INDEX_BLOCK,), jnp.int32),
                 pltpu.VMEM((chunk, cols), dtype),
                 pltpu.VMEM((1, cols), dtype),
             ],
-            cost_estimate=cost.to_pallas(),
+            cost_estimate=cost,
             name=f"coremesh_sc_{'scatter_add' if table is not None else 'segment_sum'}",
         )
         out = kern(*args)

@@ -21,9 +21,9 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
-from coremesh.core.capacity import check_fits
+from coremesh.core.capacity import check_fits, nbytes, padded_nbytes
 from coremesh.core.chips import Chip
-from coremesh.core.dtypes import check_array_dtype, dtype_name, itemsize
+from coremesh.core.dtypes import check_array_dtype, dtype_name
 from coremesh.core.errors import LayoutError, MeshError, UnsupportedOnChipError
 from coremesh.core.partition import check_block_shape
 from coremesh.testing.aot.program import program_name, uses_sparsecore
@@ -159,7 +159,12 @@ def check_declared(declared: Declared, chip: Chip) -> None:
     totals: dict[Space, int] = {}
     for s in declared.scratch:
         check_array_dtype(s.dtype, chip)
-        totals[s.space] = totals.get(s.space, 0) + _padded_bytes(s.shape, s.dtype, chip)
+        size = (
+            padded_nbytes(s.shape, s.dtype, chip)
+            if s.space != "sparsecore_vmem"
+            else nbytes(s.shape, s.dtype)
+        )
+        totals[s.space] = totals.get(s.space, 0) + size
     for space, total in totals.items():
         check_fits(
             total,
@@ -238,34 +243,34 @@ def _kernel_entries(eqn: Any, chip: Chip) -> Iterator[KernelMemory]:
         if inner is None or not hasattr(inner, "eqns"):
             continue
         sc = "Subcore" in type(mesh).__name__
-        vmem, smem = _scoped_bytes(inner, chip, own=inner.invars)
+        vmem, smem = _scoped_bytes(inner, chip, own=inner.invars, tiled=not sc)
         yield KernelMemory(name.split(" ", maxsplit=1)[0], sc, vmem, smem, limit)
 
 
-def _scoped_bytes(jaxpr: Any, chip: Chip, own: Sequence[Any]) -> tuple[int, int]:
+def _scoped_bytes(jaxpr: Any, chip: Chip, own: Sequence[Any], *, tiled: bool) -> tuple[int, int]:
     """(vmem, smem) live at the deepest point: ``own`` refs plus the largest nested scope."""
     vmem = smem = 0
     for v in own:
-        space, nbytes = _ref_bytes(v.aval, chip)
+        space, size = _ref_bytes(v.aval, chip, tiled)
         if space == "vmem":
-            vmem += nbytes
+            vmem += size
         elif space == "smem":
-            smem += nbytes
+            smem += size
     inner_v = inner_s = 0
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "run_scoped":
             body = eqn.params["jaxpr"]
-            v, s = _scoped_bytes(body, chip, own=body.invars)
+            v, s = _scoped_bytes(body, chip, own=body.invars, tiled=tiled)
         else:
             v = s = 0
             for sub in _sub_jaxprs(eqn.params):
-                sv, ss = _scoped_bytes(sub, chip, own=())
+                sv, ss = _scoped_bytes(sub, chip, own=(), tiled=tiled)
                 v, s = max(v, sv), max(s, ss)
         inner_v, inner_s = max(inner_v, v), max(inner_s, s)
     return vmem + inner_v, smem + inner_s
 
 
-def _ref_bytes(aval: Any, chip: Chip) -> tuple[str | None, int]:
+def _ref_bytes(aval: Any, chip: Chip, tiled: bool) -> tuple[str | None, int]:
     space = getattr(aval, "memory_space", None)
     inner = getattr(aval, "inner_aval", None)
     if space is None or inner is None or not hasattr(inner, "shape"):
@@ -274,20 +279,11 @@ def _ref_bytes(aval: Any, chip: Chip) -> tuple[str | None, int]:
     if name not in ("vmem", "smem"):
         return None, 0
     try:
-        return name, _padded_bytes(tuple(inner.shape), inner.dtype, chip)
+        shape = tuple(inner.shape)
+        size = padded_nbytes(shape, inner.dtype, chip) if tiled else nbytes(shape, inner.dtype)
+        return name, size
     except Exception:  # semaphores and other non-array payloads take no data memory
         return None, 0
-
-
-def _padded_bytes(shape: tuple[int, ...], dtype: Any, chip: Chip) -> int:
-    """Bytes of a buffer with its last two dims rounded up to the chip's tile for ``dtype``."""
-    size = itemsize(dtype)
-    dims = list(shape)
-    if len(dims) >= 2 and size in (1, 2, 4):
-        sub, lane = chip.tile(size)
-        dims[-2] = -(-dims[-2] // sub) * sub
-        dims[-1] = -(-dims[-1] // lane) * lane
-    return math.prod(dims) * size
 
 
 def _vmem_limit(compiler_params: Any) -> int | None:
