@@ -10,21 +10,21 @@ import pytest
 
 import coremesh.core as cc
 import coremesh.tensorcore as tc
-from coremesh.testing import simulate
 from coremesh.testing.conformance import (
     TensorCoreCompileSuite,
     TensorCoreKernelSuite,
     TensorCorePipelineSuite,
 )
+from coremesh.testing.plugin import SliceFactory
 
 SIMULATED = [("v5p", 2), ("v6e", 2)]  # (chip, devices)
 
 
 class _TensorCore:
     @pytest.fixture(params=SIMULATED, ids=[f"{c}x{d}" for c, d in SIMULATED])
-    def target(self, request: pytest.FixtureRequest) -> Iterator[Any]:
+    def target(self, request: pytest.FixtureRequest, slice_target: SliceFactory) -> Iterator[Any]:
         chip, devices = request.param
-        with simulate(chip, devices, deadline=20.0) as sim:
+        with slice_target(chip, devices, deadline=20.0) as sim:
             yield sim
 
     @pytest.fixture

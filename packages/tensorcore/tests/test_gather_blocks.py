@@ -12,13 +12,13 @@ import pytest
 
 import coremesh.tensorcore as tc
 from coremesh.tensorcore.ops import gather_blocks as gather_module
-from coremesh.testing import simulate
+from coremesh.testing.plugin import SliceFactory
 
 
 @pytest.fixture(params=[("v5p", 1), ("v6e", 2)], ids=["v5px1", "v6ex2"])
-def target(request: pytest.FixtureRequest) -> Iterator[Any]:
+def target(request: pytest.FixtureRequest, slice_target: SliceFactory) -> Iterator[Any]:
     chip, devices = request.param
-    with simulate(chip, devices, deadline=20.0) as sim:
+    with slice_target(chip, devices, deadline=20.0) as sim:
         yield sim
 
 

@@ -12,7 +12,7 @@ import pytest
 import coremesh.core as cc
 import coremesh.tensorcore as tc
 from coremesh.tensorcore.blocks import ResidentPlan, choose_resident_plan
-from coremesh.testing import simulate
+from coremesh.testing.plugin import SliceFactory
 
 
 def _ints(shape: tuple[int, ...], seed: int) -> np.ndarray:
@@ -61,18 +61,18 @@ def _kernel_names(fn: Callable[..., jax.Array], *args: jax.Array) -> str:
         ("v6e", 1536),  # 3 steps
     ],
 )
-def test_resident_plan_matches_numpy(chip: str, m: int) -> None:
+def test_resident_plan_matches_numpy(chip: str, m: int, slice_target: SliceFactory) -> None:
     a, b = _ints((m, 256), 1), _ints((256, 256), 2)
-    with simulate(chip, 1, deadline=120.0):
+    with slice_target(chip, 1, deadline=120.0):
         names = _kernel_names(tc.matmul, jnp.asarray(a), jnp.asarray(b))
         out = jax.jit(tc.matmul)(jnp.asarray(a), jnp.asarray(b))
     assert "coremesh_matmul_resident" in names
     np.testing.assert_array_equal(np.asarray(out), a @ b)
 
 
-def test_explicit_blocks_take_the_blocked_plan() -> None:
+def test_explicit_blocks_take_the_blocked_plan(slice_target: SliceFactory) -> None:
     a, b = _ints((64, 512), 3), _ints((512, 256), 4)
-    with simulate("v5p", 1, deadline=60.0):
+    with slice_target("v5p", 1, deadline=60.0):
         fn = lambda x, y: tc.matmul(x, y, blocks=(16, 128, 128))  # noqa: E731
         names = _kernel_names(fn, jnp.asarray(a), jnp.asarray(b))
         out = jax.jit(fn)(jnp.asarray(a), jnp.asarray(b))

@@ -12,16 +12,16 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import coremesh.tensorcore as tc
-from coremesh.testing import simulate
+from coremesh.testing.plugin import SliceFactory
 
 # (chip, devices): v5p has 2 TensorCores per device (megacore), v6e one.
 TARGETS = [("v5p", 1), ("v5p", 2), ("v6e", 2)]
 
 
 @pytest.fixture(params=TARGETS, ids=[f"{c}x{d}" for c, d in TARGETS])
-def target(request: pytest.FixtureRequest) -> Iterator[Any]:
+def target(request: pytest.FixtureRequest, slice_target: SliceFactory) -> Iterator[Any]:
     chip, devices = request.param
-    with simulate(chip, devices, deadline=20.0) as sim:
+    with slice_target(chip, devices, deadline=20.0) as sim:
         yield sim
 
 
@@ -129,9 +129,9 @@ def test_ops_inside_a_users_shard_map(target: Any) -> None:
     np.testing.assert_array_equal(np.asarray(f(x)), -x)
 
 
-def test_ops_on_one_core_of_a_megacore_device() -> None:
+def test_ops_on_one_core_of_a_megacore_device(slice_target: SliceFactory) -> None:
     """A caller may keep an op on one TensorCore (e.g. to leave the other to another kernel)."""
-    with simulate("v5p", 1, deadline=20.0) as sim:
+    with slice_target("v5p", 1, deadline=20.0) as sim:
         one = tc.TensorCoreMesh(sim.chip, 1)
         x = exact((64, 256), jnp.float32, 10)
         np.testing.assert_array_equal(
@@ -142,9 +142,9 @@ def test_ops_on_one_core_of_a_megacore_device() -> None:
         )
 
 
-def test_ops_on_a_core_axis_with_another_name() -> None:
+def test_ops_on_a_core_axis_with_another_name(slice_target: SliceFactory) -> None:
     """The ops split and exchange over the mesh's own core axis name, not a fixed "core"."""
-    with simulate("v5p", 1, deadline=30.0) as sim:
+    with slice_target("v5p", 1, deadline=30.0) as sim:
         tcm = tc.TensorCoreMesh(sim.chip, 2, axis_name="tc")
         x = exact((64, 256), jnp.float32, 11)
         a, b = exact((32, 128), jnp.float32, 12), exact((128, 128), jnp.float32, 13)

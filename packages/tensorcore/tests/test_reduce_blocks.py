@@ -11,7 +11,7 @@ import coremesh.core as cc
 import coremesh.tensorcore as tc
 from coremesh.tensorcore.blocks import choose_block
 from coremesh.tensorcore.ops.reduce import _grow_rows
-from coremesh.testing import simulate
+from coremesh.testing.plugin import SliceFactory
 
 
 @pytest.mark.parametrize(
@@ -43,10 +43,12 @@ def test_blocks_keep_rows_that_do_not_split() -> None:
 
 
 @pytest.mark.parametrize(("op", "axis"), [("sum", 0), ("max", 1), ("min", 0)])
-def test_reduce_with_grown_blocks_and_the_core_exchange(op: str, axis: int) -> None:
+def test_reduce_with_grown_blocks_and_the_core_exchange(
+    op: str, axis: int, slice_target: SliceFactory
+) -> None:
     # 8 MiB on one v5p device: each core folds one grown 4 MiB block, then they exchange.
     x = (np.random.default_rng(4).integers(-64, 64, (2048, 1024)) / 4).astype(np.float32)
-    with simulate("v5p", 1, deadline=60.0):
+    with slice_target("v5p", 1, deadline=60.0):
         out = jax.jit(lambda a: tc.reduce(a, axis, op))(jnp.asarray(x))  # type: ignore[arg-type]
     np.testing.assert_array_equal(np.asarray(out), getattr(x, op)(axis))
 
@@ -72,7 +74,9 @@ def test_streams_per_block(br: int, bc: int, dtype: object, lanes: bool, streams
 
 
 @pytest.mark.parametrize(("op", "axis"), [("max", 0), ("min", 1)])
-def test_bfloat16_blocks_fetched_as_several_dmas(op: str, axis: int) -> None:
+def test_bfloat16_blocks_fetched_as_several_dmas(
+    op: str, axis: int, slice_target: SliceFactory
+) -> None:
     # 8 MiB of bfloat16 on one v5p device: grown blocks, each fetched as several sub-blocks
     # (16-row bf16 tiles inside 32-row streams), then the core exchange along rows.
     from coremesh.tensorcore.ops.reduce import _streams
@@ -84,14 +88,14 @@ def test_bfloat16_blocks_fetched_as_several_dmas(op: str, axis: int) -> None:
     grown = _grow_rows(br, bc, 4096, 2, 2, c)
     assert _streams(grown, bc, jnp.bfloat16, lanes=bool(axis)) > 1
     x = (np.random.default_rng(5).integers(-64, 64, (4096, 1024)) / 4).astype(jnp.bfloat16)
-    with simulate("v5p", 1, deadline=60.0):
+    with slice_target("v5p", 1, deadline=60.0):
         out = jax.jit(lambda a: tc.reduce(a, axis, op))(jnp.asarray(x))  # type: ignore[arg-type]
     assert out.dtype == jnp.bfloat16
     want = getattr(np.asarray(x, np.float32), op)(axis)
     np.testing.assert_array_equal(np.asarray(out, np.float32), want)
 
 
-def test_columns_fetched_as_eight_dmas() -> None:
+def test_columns_fetched_as_eight_dmas(slice_target: SliceFactory) -> None:
     # 16 MiB on one v6e device: 8 MiB blocks (a quarter of its 32 MiB scoped VMEM), each
     # arriving as 8 sub-blocks of 256 rows, every one folded into its own 256 output lanes.
     from coremesh.tensorcore.ops.reduce import _streams
@@ -101,6 +105,6 @@ def test_columns_fetched_as_eight_dmas() -> None:
     grown = _grow_rows(br, bc, 4096, 4, 1, c)
     assert (grown, _streams(grown, bc, jnp.float32, lanes=True)) == (2048, 8)
     x = np.random.default_rng(6).standard_normal((4096, 1024)).astype(np.float32)
-    with simulate("v6e", 1, deadline=120.0):
+    with slice_target("v6e", 1, deadline=120.0):
         out = jax.jit(lambda a: tc.reduce(a, 1, "max"))(jnp.asarray(x))
     np.testing.assert_array_equal(np.asarray(out), x.max(1))
