@@ -11,7 +11,7 @@ import pytest
 
 import coremesh.core as cc
 import coremesh.tensorcore as tc
-from coremesh.tensorcore.blocks import ResidentPlan, choose_resident_plan
+from coremesh.tensorcore.block_sizes import ResidentPlan, choose_resident_plan
 from coremesh.testing.plugin import SliceFactory
 
 

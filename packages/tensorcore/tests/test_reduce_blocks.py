@@ -9,7 +9,7 @@ import pytest
 
 import coremesh.core as cc
 import coremesh.tensorcore as tc
-from coremesh.tensorcore.blocks import choose_block
+from coremesh.tensorcore.block_sizes import choose_block
 from coremesh.tensorcore.ops.reduce import _grow_rows
 from coremesh.testing.plugin import SliceFactory
 

@@ -7,7 +7,7 @@ their jax.numpy references; ``kernel`` and ``pipeline`` are the building blocks 
 from coremesh.core import jax_versions
 from coremesh.core.sharding import device_shards, inside_shard_map, on_devices
 from coremesh.tensorcore.backend import TensorCoreBackend, TensorCoreKernel
-from coremesh.tensorcore.blocks import choose_block, choose_matmul_blocks, choose_resident_plan
+from coremesh.tensorcore.block_sizes import choose_block, choose_matmul_blocks, choose_resident_plan
 from coremesh.tensorcore.kernel import kernel
 from coremesh.tensorcore.mesh import TensorCoreMesh, mesh
 from coremesh.tensorcore.ops.gather_blocks import gather_blocks

@@ -29,7 +29,7 @@ from coremesh.core import (
 )
 from coremesh.core.indices import check_in_range, check_index_vector
 from coremesh.core.sharding import device_shards, on_devices
-from coremesh.tensorcore.blocks import choose_block
+from coremesh.tensorcore.block_sizes import choose_block
 from coremesh.tensorcore.kernel import kernel
 from coremesh.tensorcore.mesh import TensorCoreMesh
 from coremesh.tensorcore.mesh import mesh as target_mesh

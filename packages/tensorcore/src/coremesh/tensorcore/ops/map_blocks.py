@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 from coremesh.core import CostEstimate, LayoutError, Parallel, current_target
 from coremesh.core.sharding import device_shards, on_devices
-from coremesh.tensorcore.blocks import choose_block
+from coremesh.tensorcore.block_sizes import choose_block
 from coremesh.tensorcore.kernel import kernel
 from coremesh.tensorcore.mesh import TensorCoreMesh
 from coremesh.tensorcore.mesh import mesh as target_mesh

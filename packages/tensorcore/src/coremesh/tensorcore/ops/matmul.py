@@ -26,7 +26,7 @@ from coremesh.core import (
     current_target,
 )
 from coremesh.core.sharding import device_shards, on_devices
-from coremesh.tensorcore.blocks import ResidentPlan, choose_matmul_blocks, choose_resident_plan
+from coremesh.tensorcore.block_sizes import ResidentPlan, choose_matmul_blocks, choose_resident_plan
 from coremesh.tensorcore.kernel import kernel
 from coremesh.tensorcore.mesh import TensorCoreMesh
 from coremesh.tensorcore.mesh import mesh as target_mesh
