@@ -11,12 +11,12 @@ import pytest
 import coremesh.core as cc
 import coremesh.sparsecore as sc
 from coremesh.sparsecore.programs import programs
-from coremesh.testing import simulate
 from coremesh.testing.conformance import (
     SparseCoreCompileSuite,
     SparseCoreKernelSuite,
     SparseCoreSplitCompileSuite,
 )
+from coremesh.testing.plugin import SliceFactory
 
 #: (chip, devices, TensorCores per device or None for the chip's default)
 SIMULATED = [("v5p", 1, None), ("v5p", 1, 1), ("v6e", 2, None), ("TPU7x", 1, None)]
@@ -28,9 +28,9 @@ def _id(p: tuple[str, int, int | None]) -> str:
 
 class TestKernels(SparseCoreKernelSuite):
     @pytest.fixture(params=SIMULATED, ids=[_id(p) for p in SIMULATED])
-    def target(self, request: pytest.FixtureRequest) -> Iterator[Any]:
+    def target(self, request: pytest.FixtureRequest, slice_target: SliceFactory) -> Iterator[Any]:
         chip, devices, cores = request.param
-        with simulate(chip, devices, cores_per_device=cores, deadline=60.0) as sim:
+        with slice_target(chip, devices, cores_per_device=cores, deadline=60.0) as sim:
             yield sim
 
     @pytest.fixture

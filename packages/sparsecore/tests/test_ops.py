@@ -17,6 +17,7 @@ import coremesh.sparsecore as sc
 from coremesh.sparsecore.ops.bag import embedding_bag_reference
 from coremesh.sparsecore.ops.scatter import plan
 from coremesh.testing import simulate
+from coremesh.testing.plugin import SliceFactory
 
 pytestmark = pytest.mark.sim
 
@@ -32,19 +33,19 @@ def test_scatter_plan_gives_every_row_one_owner_within_vmem(chip: str, rows: int
     assert chunk * 256 * 4 <= spec.vmem_bytes_per_subcore // 2
 
 
-def test_gather_from_a_vmem_staged_table_uses_load_gather() -> None:
+def test_gather_from_a_vmem_staged_table_uses_load_gather(slice_target: SliceFactory) -> None:
     rng = np.random.default_rng(0)
-    with simulate("TPU7x", 1):
+    with slice_target("TPU7x", 1):
         table = rng.standard_normal((29, 32)).astype(np.float32)
         idx = rng.integers(0, 29, 37).astype(np.int32)
         got = sc.gather(jnp.asarray(table), jnp.asarray(idx), method="vmem")
         np.testing.assert_array_equal(np.asarray(got), table[idx])
 
 
-def test_scatter_add_in_several_passes_per_subcore() -> None:
+def test_scatter_add_in_several_passes_per_subcore(slice_target: SliceFactory) -> None:
     """chunk_rows=1 on 2 x 16 subcores: 70 rows take 3 passes, and a remainder of padded rows."""
     rng = np.random.default_rng(1)
-    with simulate("v6e", 1):
+    with slice_target("v6e", 1):
         table = rng.integers(-9, 9, (70, 8)).astype(np.float32)
         idx = rng.integers(0, 70, 48).astype(np.int32)
         idx[:6] = [69, 69, 0, 0, 35, 69]
@@ -55,8 +56,8 @@ def test_scatter_add_in_several_passes_per_subcore() -> None:
         np.testing.assert_array_equal(np.asarray(got), want)
 
 
-def test_scatter_add_clip_and_segment_sum_check() -> None:
-    with simulate("v5p", 1):
+def test_scatter_add_clip_and_segment_sum_check(slice_target: SliceFactory) -> None:
+    with slice_target("v5p", 1):
         table = np.zeros((6, 8), np.int32)
         idx = np.array([-3, 0, 5, 9], np.int32)
         upd = np.arange(32, dtype=np.int32).reshape(4, 8)
@@ -69,8 +70,10 @@ def test_scatter_add_clip_and_segment_sum_check() -> None:
         np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.ops.segment_sum(upd, ids, 3)))
 
 
-def test_embedding_bag_drops_bad_indices_and_empty_bags_are_zero() -> None:
-    with simulate("v5p", 1):
+def test_embedding_bag_drops_bad_indices_and_empty_bags_are_zero(
+    slice_target: SliceFactory,
+) -> None:
+    with slice_target("v5p", 1):
         table = np.arange(10 * 8, dtype=np.float32).reshape(10, 8)
         idx = np.array([1, 10, 3, -2, 4, 4, 9], np.int32)
         offsets = np.array([0, 2, 2, 5], np.int32)  # bag 1 is empty; bag 0 has one bad index
@@ -90,9 +93,9 @@ def test_embedding_bag_drops_bad_indices_and_empty_bags_are_zero() -> None:
             np.testing.assert_array_equal(np.asarray(got), np.stack(hand))
 
 
-def test_ops_inside_a_users_shard_map_see_their_shard() -> None:
+def test_ops_inside_a_users_shard_map_see_their_shard(slice_target: SliceFactory) -> None:
     rng = np.random.default_rng(2)
-    with simulate("v5p", 2) as sim:
+    with slice_target("v5p", 2) as sim:
         table = rng.standard_normal((20, 8)).astype(np.float32)
         idx = rng.integers(0, 20, 16).astype(np.int32)
 
@@ -127,19 +130,21 @@ def test_mpmd_kernel_is_refused_by_the_simulator_with_a_fix() -> None:
             sc.kernel([lambda *r: None] * 2, out_type=(), mesh=[meshes[0], meshes[0]])
 
 
-def test_split_mode_mesh_drives_half_the_sparsecores() -> None:
-    with simulate("v5p", 1, cores_per_device=1):
+def test_split_mode_mesh_drives_half_the_sparsecores(slice_target: SliceFactory) -> None:
+    with slice_target("v5p", 1, cores_per_device=1):
         assert sc.mesh().num_cores == 2 and sc.mesh().num_workers == 32
-    with simulate("v5p", 1):
+    with slice_target("v5p", 1):
         assert sc.mesh().num_cores == 4 and sc.mesh().num_workers == 64
 
 
 @pytest.mark.parametrize("chip", ["v5p", "TPU7x"])
-def test_kernel_over_vector_subcores_and_over_scalar_subcores(chip: str) -> None:
+def test_kernel_over_vector_subcores_and_over_scalar_subcores(
+    chip: str, slice_target: SliceFactory
+) -> None:
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
 
-    with simulate(chip, 1):
+    with slice_target(chip, 1):
         vm = sc.mesh()
         lanes = sc.register_width(jnp.int32, vm.chip)
 
@@ -167,8 +172,8 @@ def test_kernel_over_vector_subcores_and_over_scalar_subcores(chip: str) -> None
         np.testing.assert_array_equal(np.asarray(jax.jit(k)(x)), np.asarray(x))
 
 
-def test_no_indices_gives_no_rows_and_leaves_the_table() -> None:
-    with simulate("v6e", 1):
+def test_no_indices_gives_no_rows_and_leaves_the_table(slice_target: SliceFactory) -> None:
+    with slice_target("v6e", 1):
         table = jnp.arange(4 * 8, dtype=jnp.float32).reshape(4, 8)
         none = jnp.zeros((0,), jnp.int32)
         assert sc.gather(table, none).shape == (0, 8)
