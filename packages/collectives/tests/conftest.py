@@ -7,6 +7,7 @@ on a semaphore holds one of the client's execution threads; coremesh's pytest pl
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
+    from coremesh.testing.plugin import SliceFactory
     from coremesh.testing.sim.simulator import DmaMode
 
 #: Simulated devices in every test, and the axis kinds under test.
@@ -102,6 +104,7 @@ def pair() -> Callable[..., tuple[Any, Any]]:
 
 
 def verify_against_lax(
+    slices: SliceFactory,
     chip: str,
     op: str,
     kind: str,
@@ -113,16 +116,16 @@ def verify_against_lax(
     algorithm: str = "auto",
     **kw: Any,
 ) -> None:
-    """Run ``op`` over ``kind`` on ``chip`` x 4 simulated devices and assert it equals jax.lax."""
+    """Run ``op`` over ``kind`` on ``chip`` x 4 devices of ``slices`` (the plugin's
+    ``slice_target``: the simulator, or the TPU in ``tpu_tests``) and assert it equals jax.lax."""
     import jax
     import numpy as np
 
     from coremesh.core import get_chip
-    from coremesh.testing.sim import simulate
 
     cores = get_chip(chip).default_cores_per_device
     ours, theirs = make_pair(op, kind, cores, algorithm=algorithm, **kw)
-    with simulate(
+    with slices(
         chip=chip, devices=DEVICES, dma_execution_mode=mode, races=races, deadline=60
     ) as sim:
         got = np.asarray(sim.run(jax.jit(ours), x))
@@ -132,6 +135,6 @@ def verify_against_lax(
 
 
 @pytest.fixture
-def verify() -> Callable[..., None]:
+def verify(slice_target: SliceFactory) -> Callable[..., None]:
     """``verify(chip, op, kind, x, mode=, races=, algorithm=, **kw)``: equal to jax.lax."""
-    return verify_against_lax
+    return functools.partial(verify_against_lax, slice_target)

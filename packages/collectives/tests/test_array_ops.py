@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import coremesh.collectives as cl
-from coremesh.testing.sim import simulate
+from coremesh.testing.plugin import SliceFactory
 
 pytestmark = pytest.mark.sim
 
@@ -78,10 +78,10 @@ def test_credit_sync(op: str, axis: str, algorithm: str, operand: F, verify: F) 
     verify("v5p", op, axis, x, algorithm=algorithm, sync="credit", **kw)
 
 
-def test_inside_a_users_shard_map(operand: F) -> None:
+def test_inside_a_users_shard_map(operand: F, slice_target: SliceFactory) -> None:
     """Inside shard_map the functions take the per-device operand and any mesh axis name."""
     x = operand((4 * 8, 128), "float32", seed=5)
-    with simulate(chip="v5p", devices=4, deadline=60) as sim:
+    with slice_target(chip="v5p", devices=4, deadline=60) as sim:
         mesh = jax.make_mesh(
             (4,), ("x",), devices=sim.devices, axis_types=(jax.sharding.AxisType.Auto,)
         )
@@ -100,10 +100,10 @@ def test_inside_a_users_shard_map(operand: F) -> None:
     np.testing.assert_array_equal(got, np.tile(2 * parts.sum(0), (4, 1)))
 
 
-def test_lax_spellings(operand: F, lax_reference: F) -> None:
+def test_lax_spellings(operand: F, lax_reference: F, slice_target: SliceFactory) -> None:
     x = operand((4 * 2 * 8, 128), "float32", seed=6)
     cores = 2
-    with simulate(chip="v5p", devices=4, deadline=60) as sim:
+    with slice_target(chip="v5p", devices=4, deadline=60) as sim:
         got = [
             np.asarray(sim.run(jax.jit(lambda v: cl.psum(v, "device")), x)),
             np.asarray(sim.run(jax.jit(lambda v: cl.pmax(v, "core")), x)),
@@ -129,7 +129,9 @@ def test_single_participant_axis_is_local(operand: F, verify: F) -> None:
     verify("v6e", "reduce_scatter", "core", x.reshape(4 * 6, 1, 128), scatter_dimension=1)
 
 
-def test_back_to_back_kernels_sharing_an_id(operand: F, lax_reference: F) -> None:
+def test_back_to_back_kernels_sharing_an_id(
+    operand: F, lax_reference: F, slice_target: SliceFactory
+) -> None:
     """One program: collectives over one axis, a ppermute and a barrier twice each, in a row;
     they share collective ids as their patterns allow and every result is exact."""
     x = operand((4 * 2 * 8, 128), "float32", seed=10)
@@ -141,7 +143,7 @@ def test_back_to_back_kernels_sharing_an_id(operand: F, lax_reference: F) -> Non
         c = cl.psum(cl.all_gather(b, "device", tiled=True), "device")
         return a, b, c
 
-    with simulate(chip="v5p", devices=4, dma_execution_mode="on_wait", races=True) as sim:
+    with slice_target(chip="v5p", devices=4, dma_execution_mode="on_wait", races=True) as sim:
         got = [np.asarray(g) for g in sim.run(jax.jit(program), x)]
     from jax import lax
 

@@ -16,6 +16,7 @@ import coremesh.core as cc
 from coremesh.core import jax_versions
 from coremesh.core.dtypes import BOOL_OPERANDS_SINCE
 from coremesh.core.targets import HardwareTarget
+from coremesh.testing.plugin import SliceFactory
 
 
 class Untraceable(HardwareTarget):
@@ -153,12 +154,10 @@ def test_a_collective_id_already_taken(target: HardwareTarget) -> None:
             cl.psum(f32(32, 128), "device", collective_id=10_000)
 
 
-def test_vmem_staging_over_the_limit() -> None:
+def test_vmem_staging_over_the_limit(slice_target: SliceFactory) -> None:
     """Over the core axes received data is staged in VMEM: too much is refused, with the fix."""
-    from coremesh.testing.sim import simulate
-
     x = jax.ShapeDtypeStruct((4 * 2 * 4096, 1024), jnp.float32)  # 16 MiB per core
-    with simulate(chip="v5p", devices=4), pytest.raises(cc.CapacityError) as e:
+    with slice_target(chip="v5p", devices=4), pytest.raises(cc.CapacityError) as e:
         jax.jit(lambda v: cl.all_gather(v, "core", tiled=True)).trace(x)
     assert "VMEM" in str(e.value) and "vmem_limit_bytes" in str(e.value.fix)
     complete(e.value, "v5p")

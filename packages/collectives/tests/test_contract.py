@@ -12,7 +12,7 @@ import pytest
 import coremesh.collectives as cl
 import coremesh.core as cc
 from coremesh.collectives.cost import traffic
-from coremesh.testing.sim import simulate
+from coremesh.testing.plugin import SliceFactory
 
 
 def kernels_in(fn: Any, *args: Any) -> list[dict[str, Any]]:
@@ -32,7 +32,7 @@ def kernels_in(fn: Any, *args: Any) -> list[dict[str, Any]]:
     return found
 
 
-def test_collective_ids_follow_the_communication_pattern() -> None:
+def test_collective_ids_follow_the_communication_pattern(slice_target: SliceFactory) -> None:
     """Kernels over different axes, or ppermutes with different partners, never share an id;
     collectives over one axis share it (safe: see coremesh.collectives.sync)."""
     x = jnp.zeros((4 * 2 * 16, 128), jnp.float32)
@@ -48,7 +48,7 @@ def test_collective_ids_follow_the_communication_pattern() -> None:
             cl.barrier(v, "device"),
         )
 
-    with simulate(chip="v5p", devices=4):
+    with slice_target(chip="v5p", devices=4):
         first = kernels_in(program, x)
         again = kernels_in(program, x)  # a retrace keeps the ids
     ids = [k["compiler_params"].collective_id for k in first]
@@ -62,10 +62,10 @@ def test_collective_ids_follow_the_communication_pattern() -> None:
     assert owners[pp_b] == "coremesh.collectives[device] ppermute [(0, 2), (2, 0)]"
 
 
-def test_a_requested_id_is_claimed_and_a_taken_one_refused() -> None:
+def test_a_requested_id_is_claimed_and_a_taken_one_refused(slice_target: SliceFactory) -> None:
     alloc = cc.default_allocator()
     x = jnp.zeros((4 * 16, 128), jnp.float32)
-    with alloc.scope(), simulate(chip="v5e", devices=4):
+    with alloc.scope(), slice_target(chip="v5e", devices=4):
         free = max(alloc.in_use, default=-1) + 10
         (k,) = kernels_in(lambda v: cl.ppermute(v, "device", [(0, 1)], collective_id=free), x)
         assert k["compiler_params"].collective_id == free
@@ -89,11 +89,11 @@ CASES = [
 
 @pytest.mark.parametrize(("op", "kind", "kw"), CASES, ids=[c[0] for c in CASES])
 def test_every_kernel_has_a_cost_estimate(
-    op: str, kind: str, kw: dict[str, Any], pair: Callable[..., Any]
+    op: str, kind: str, kw: dict[str, Any], pair: Callable[..., Any], slice_target: SliceFactory
 ) -> None:
     x = jnp.zeros((4 * 2 * 16, 8, 128), jnp.float32)
     ours, _ = pair(op, kind, 2, **kw)
-    with simulate(chip="v5p", devices=4):
+    with slice_target(chip="v5p", devices=4):
         (k,) = kernels_in(ours, x)
     cost = k["cost_estimate"]
     assert cost is not None

@@ -23,11 +23,12 @@ import coremesh.tensorcore as tc
 from coremesh.collectives import in_kernel
 from coremesh.collectives.axes import resolve
 from coremesh.core import jax_compat
-from coremesh.testing.sim import simulate
+from coremesh.testing.plugin import SliceFactory
 
 pytestmark = pytest.mark.sim
 
 R, L = 8, 128
+
 CORES = 2  # v5p
 BAD_OP: Any = "prod"
 AXES: dict[str, Any] = {"device": "device", "core": "core", "hier": ("device", "core")}
@@ -46,7 +47,7 @@ def on_devices(per_device: Callable[[Any], Any], sim: Any, x: Any) -> np.ndarray
     return np.asarray(sim.run(jax.jit(f), x))
 
 
-def test_the_guides_core_swap(operand: F) -> None:
+def test_the_guides_core_swap(operand: F, slice_target: SliceFactory) -> None:
     """The core_map guide's swap: each core sends its column half to the other core, x2."""
 
     def per_device(x: Any) -> Any:
@@ -73,7 +74,7 @@ def test_the_guides_core_swap(operand: F) -> None:
         )(x)
 
     x = operand((4 * R, 2 * L), "float32")
-    with simulate(chip="v5p", devices=4, races=True) as sim:
+    with slice_target(chip="v5p", devices=4, races=True) as sim:
         got = on_devices(per_device, sim, x)
     xs = np.asarray(x)
     np.testing.assert_array_equal(got, np.concatenate([xs[:, L:], xs[:, :L]], axis=1) * 2)
@@ -114,7 +115,7 @@ def _reference(op: str, kind: str, n: int) -> Callable[[Any], Any]:
 @pytest.mark.parametrize("allocate", ["scoped", "kernel"])
 @pytest.mark.parametrize(("op", "kind"), BLOCK_CASES, ids=["-".join(c) for c in BLOCK_CASES])
 def test_collective_in_a_users_kernel(
-    op: str, kind: str, allocate: str, operand: F, lax_reference: F
+    op: str, kind: str, allocate: str, operand: F, lax_reference: F, slice_target: SliceFactory
 ) -> None:
     """Each core loads its operand into VMEM, scales it (the user's compute), runs the collective
     and stores its result: one participant per core (or per device for the device axis)."""
@@ -150,7 +151,7 @@ def test_collective_in_a_users_kernel(
         )(x)
 
     x = operand((4 * CORES, *src_shape), "float32", seed=8)
-    with simulate(chip="v5p", devices=4, dma_execution_mode="on_wait", races=True) as sim:
+    with slice_target(chip="v5p", devices=4, dma_execution_mode="on_wait", races=True) as sim:
         got = on_devices(per_device, sim, x)
     # jax.lax over participants: per core for the core axes; for the device axis each core is
     # its own participant set (core c of every device), i.e. a (device, core) mesh reduced
@@ -161,7 +162,7 @@ def test_collective_in_a_users_kernel(
     np.testing.assert_array_equal(got.reshape(want.shape), want)
 
 
-def test_two_collectives_in_one_kernel(operand: F) -> None:
+def test_two_collectives_in_one_kernel(operand: F, slice_target: SliceFactory) -> None:
     """An all-reduce over the cores of a device, then an all-gather over devices: one
     handshake (the first collective's), kernel-level scratch for the second."""
 
@@ -194,7 +195,7 @@ def test_two_collectives_in_one_kernel(operand: F) -> None:
         )(x)
 
     x = operand((4 * CORES, R, L), "float32", seed=9)
-    with simulate(chip="v5p", devices=4, dma_execution_mode="on_wait", races=True) as sim:
+    with slice_target(chip="v5p", devices=4, dma_execution_mode="on_wait", races=True) as sim:
         got = on_devices(per_device, sim, x)
     # Both cores of a device load the same operand, so the all-reduce over cores doubles it;
     # the all-gather then stacks every device's result on every device.
@@ -202,7 +203,7 @@ def test_two_collectives_in_one_kernel(operand: F) -> None:
     np.testing.assert_array_equal(got.reshape(4, 4, CORES, R, L), np.stack([doubled] * 4))
 
 
-def test_in_kernel_collectives_refuse_what_cannot_work() -> None:
+def test_in_kernel_collectives_refuse_what_cannot_work(slice_target: SliceFactory) -> None:
     errors: list[Exception] = []
 
     def per_device(x: Any) -> Any:
@@ -234,7 +235,7 @@ def test_in_kernel_collectives_refuse_what_cannot_work() -> None:
         )(x)
 
     x = jnp.zeros((4 * CORES, R, L), jnp.float32)
-    with simulate(chip="v5p", devices=4):
+    with slice_target(chip="v5p", devices=4):
         jax.jit(
             jax.shard_map(
                 per_device,

@@ -23,6 +23,7 @@ from jax.experimental.pallas import tpu as pltpu
 import coremesh.tensorcore as tc
 from coremesh.collectives import in_kernel, ring, sync
 from coremesh.collectives.axes import resolve
+from coremesh.testing.plugin import SliceFactory
 from coremesh.testing.sim import SimulationDeadlock, SimulationRaceError, simulate
 from coremesh.testing.sim.simulator import DmaMode
 
@@ -105,6 +106,7 @@ def run(per_device: Any, x: Any, sim: Any) -> np.ndarray:
 
 
 GATHER_X = jnp.arange(4 * R * L, dtype=jnp.float32).reshape(4 * R, L)
+
 GATHER_WANT = np.tile(np.asarray(GATHER_X).reshape(4, R, L), (4, 1, 1))
 
 
@@ -173,8 +175,10 @@ def test_one_semaphore_for_two_dmas_reads_data_that_has_not_arrived() -> None:
 
 @pytest.mark.parametrize("mode", ["per_step", "credit"])
 @pytest.mark.parametrize("dma", ["on_wait", "eager"])
-def test_gather_semaphores_per_step_or_credit_are_exact(mode: sync.Sync, dma: DmaMode) -> None:
-    with simulate(chip="v5e", devices=4, dma_execution_mode=dma, races=True) as sim:
+def test_gather_semaphores_per_step_or_credit_are_exact(
+    mode: sync.Sync, dma: DmaMode, slice_target: SliceFactory
+) -> None:
+    with slice_target(chip="v5e", devices=4, dma_execution_mode=dma, races=True) as sim:
         got = run(gather_kernel(ring.AllGatherRing, mode), GATHER_X, sim)
     np.testing.assert_array_equal(got, GATHER_WANT)
 
@@ -193,8 +197,10 @@ def test_reused_receive_slot_is_a_detected_race(dma: DmaMode) -> None:
 
 
 @pytest.mark.parametrize("mode", ["per_step", "credit"])
-def test_scatter_slots_per_step_or_credit_are_exact(mode: sync.Sync) -> None:
-    with simulate(chip="v5e", devices=4, dma_execution_mode="on_wait", races=True) as sim:
+def test_scatter_slots_per_step_or_credit_are_exact(
+    mode: sync.Sync, slice_target: SliceFactory
+) -> None:
+    with slice_target(chip="v5e", devices=4, dma_execution_mode="on_wait", races=True) as sim:
         got = run(scatter_kernel(ring.ReduceScatterRing, mode), SCATTER_X, sim)
     np.testing.assert_array_equal(got, SCATTER_WANT)
 
