@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     #: What ``sim`` and ``slice_target`` hand out: a simulator, or the local TPU on hardware.
     Slice: TypeAlias = Simulator | HardwareRun
 
+#: The ``slice_target`` fixture's type: ``(chip, devices, **options) -> Slice``.
+SliceFactory: TypeAlias = Callable[..., "Slice"]
+
 #: Host CPU devices the plugin asks jax for.
 HOST_DEVICES = 16
 #: Deadlock deadline of the ``sim`` fixture, well inside any test timeout.
@@ -137,7 +140,7 @@ def make_slice(
 
 
 @pytest.fixture
-def slice_target(request: pytest.FixtureRequest) -> Callable[..., Slice]:
+def slice_target(request: pytest.FixtureRequest) -> SliceFactory:
     """``slice_target(chip="v5p", devices=4, *, cores_per_device=None, **simulator_options)``:
     a slice for tests that choose their own, entered with ``with``; see :func:`make_slice`."""
 
