@@ -15,6 +15,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from coremesh.core import jax_compat
+from coremesh.testing.plugin import SliceFactory
 from coremesh.testing.sim import Simulator
 
 pytestmark = pytest.mark.sim
@@ -133,10 +134,8 @@ CONFIGS = [
 
 
 @pytest.mark.parametrize("config", CONFIGS)
-def test_ring_all_gather(config: dict[str, Any]) -> None:
-    from coremesh.testing.sim import simulate
-
-    with simulate(devices=N, **config) as sim:
+def test_ring_all_gather(config: dict[str, Any], slice_target: SliceFactory) -> None:
+    with slice_target(devices=N, **config) as sim:
         mesh = sim.mesh()
         x = np.random.default_rng(0).standard_normal((N * R, C)).astype(np.float32)
         xs = jax.device_put(jnp.asarray(x), jax.NamedSharding(mesh, jax.P("device", None)))
@@ -157,10 +156,8 @@ def test_ring_all_gather(config: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("config", CONFIGS)
-def test_ring_reduce_scatter(config: dict[str, Any]) -> None:
-    from coremesh.testing.sim import simulate
-
-    with simulate(devices=N, **config) as sim:
+def test_ring_reduce_scatter(config: dict[str, Any], slice_target: SliceFactory) -> None:
+    with slice_target(devices=N, **config) as sim:
         mesh = sim.mesh()
         # Device d holds N chunks x[d*N:(d+1)*N]; small integers keep float sums exact.
         x = np.random.default_rng(1).integers(-8, 8, (N * N, R, C)).astype(np.float32)
