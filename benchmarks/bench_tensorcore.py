@@ -1,9 +1,10 @@
 """TensorCore benchmark: libtpu's static cycle estimates for coremesh's ops on every generation.
 
 For each op at benchmark size (at least 8 MiB moved per device) and each chip it reports the
-kernel's cycles, XLA's own cycles for the same jax.numpy computation, the roofline bound from the
-chip registry and the ratios; on v5p it also compiles map_blocks and matmul forced onto one of
-the two TensorCores, to show what megacore buys. No TPU is needed.
+kernel's cycles, XLA's own cycles for the op's XLA reference (``coremesh.tensorcore``'s
+``<op>_reference``), the roofline bound from the chip registry and the ratios; on v5p it also
+compiles map_blocks and matmul forced onto one of the two TensorCores, to show what megacore
+buys. No TPU is needed.
 
 Writes ``tensorcore.md``, ``tensorcore.json`` and ``tensorcore.png`` to ``--out``.
 
@@ -90,17 +91,8 @@ def _map_f(x: jax.Array, y: jax.Array) -> jax.Array:
     return x * 2 + y
 
 
-def _mm_ref(a: jax.Array, b: jax.Array) -> jax.Array:
-    return jnp.matmul(a, b, preferred_element_type=jnp.float32)
-
-
-def _gather_ref(x: jax.Array, idx: jax.Array, rows: int = 8) -> jax.Array:
-    blocks = x.reshape(-1, rows, x.shape[1])
-    return jnp.take(blocks, idx, axis=0, mode="clip").reshape(-1, x.shape[1])
-
-
-def _gather_64_ref(x: jax.Array, idx: jax.Array) -> jax.Array:
-    return _gather_ref(x, idx, 64)
+def _map_ref(x: jax.Array, y: jax.Array) -> jax.Array:
+    return tc.map_blocks_reference(_map_f, x, y)
 
 
 def _copy_bound(x: jax.Array, idx: jax.Array) -> jax.Array:
@@ -123,32 +115,44 @@ def _copy_bound(x: jax.Array, idx: jax.Array) -> jax.Array:
 
 PROGRAMS: dict[str, FunctionProgram] = {
     "map_blocks": _program(
-        "map_blocks", lambda x, y: tc.map_blocks(_map_f, x, y), _map_f, _map, _map_work
+        "map_blocks", lambda x, y: tc.map_blocks(_map_f, x, y), _map_ref, _map, _map_work
     ),
     "map_blocks_1core": _program(
         "map_blocks_1core",
         lambda x, y: tc.map_blocks(_map_f, x, y, mesh=_one_core()),
-        _map_f,
+        _map_ref,
         _map,
         _map_work,
     ),
-    "matmul": _program("matmul", tc.matmul, _mm_ref, _mm, _mm_work),
+    "matmul": _program("matmul", tc.matmul, tc.matmul_reference, _mm, _mm_work),
     "matmul_1core": _program(
-        "matmul_1core", lambda a, b: tc.matmul(a, b, mesh=_one_core()), _mm_ref, _mm, _mm_work
+        "matmul_1core",
+        lambda a, b: tc.matmul(a, b, mesh=_one_core()),
+        tc.matmul_reference,
+        _mm,
+        _mm_work,
     ),
     "reduce_rows": _program(
-        "reduce_rows", lambda x: tc.reduce(x, 0, "sum"), lambda x: x.sum(0), _red, _red_work
+        "reduce_rows",
+        lambda x: tc.reduce(x, 0, "sum"),
+        lambda x: tc.reduce_reference(x, 0, "sum"),
+        _red,
+        _red_work,
     ),
     "reduce_columns": _program(
-        "reduce_columns", lambda x: tc.reduce(x, 1, "max"), lambda x: x.max(1), _red, _red_work
+        "reduce_columns",
+        lambda x: tc.reduce(x, 1, "max"),
+        lambda x: tc.reduce_reference(x, 1, "max"),
+        _red,
+        _red_work,
     ),
     "gather_blocks": _program(
-        "gather_blocks", tc.gather_blocks, _gather_ref, _gather, _gather_work
+        "gather_blocks", tc.gather_blocks, tc.gather_blocks_reference, _gather, _gather_work
     ),
     "gather_blocks_64rows": _program(
         "gather_blocks_64rows",
         lambda x, i: tc.gather_blocks(x, i, block_rows=64),
-        _gather_64_ref,
+        lambda x, i: tc.gather_blocks_reference(x, i, block_rows=64),
         _gather_64,
         _gather_work,
     ),

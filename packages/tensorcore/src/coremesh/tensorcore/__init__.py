@@ -1,7 +1,9 @@
 """coremesh.tensorcore: TensorCore meshes, kernels and pipelines that split work across cores.
 
 Array-level ops (``map_blocks``, ``reduce``, ``matmul``, ``gather_blocks``) are jittable and equal
-their jax.numpy references; ``kernel`` and ``pipeline`` are the building blocks they use.
+their XLA references (``<op>_reference``); ``kernel`` and ``pipeline`` are the building blocks they
+use. The names match ``coremesh.sparsecore``'s: ``mesh``, ``kernel``, the mesh class, the ops and
+their references, and the sharding helpers.
 """
 
 from coremesh.core import jax_versions
@@ -10,10 +12,16 @@ from coremesh.tensorcore.backend import TensorCoreBackend, TensorCoreKernel
 from coremesh.tensorcore.block_sizes import choose_block, choose_matmul_blocks, choose_resident_plan
 from coremesh.tensorcore.kernel import kernel
 from coremesh.tensorcore.mesh import TensorCoreMesh, mesh
-from coremesh.tensorcore.ops.gather_blocks import gather_blocks
-from coremesh.tensorcore.ops.map_blocks import map_blocks
-from coremesh.tensorcore.ops.matmul import matmul
-from coremesh.tensorcore.ops.reduce import reduce
+from coremesh.tensorcore.ops import (
+    gather_blocks,
+    gather_blocks_reference,
+    map_blocks,
+    map_blocks_reference,
+    matmul,
+    matmul_reference,
+    reduce,
+    reduce_reference,
+)
 from coremesh.tensorcore.pipeline import core_share, pipeline, sub_blocks
 
 jax_versions.check()  # refuse a jax older than coremesh supports; warn on an untested one
@@ -29,13 +37,17 @@ __all__ = [
     "core_share",
     "device_shards",
     "gather_blocks",
+    "gather_blocks_reference",
     "inside_shard_map",
     "kernel",
     "map_blocks",
+    "map_blocks_reference",
     "matmul",
+    "matmul_reference",
     "mesh",
     "on_devices",
     "pipeline",
     "reduce",
+    "reduce_reference",
     "sub_blocks",
 ]

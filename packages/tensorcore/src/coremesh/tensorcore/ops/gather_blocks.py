@@ -121,6 +121,23 @@ def gather_blocks(
     )(indices, x)
 
 
+def gather_blocks_reference(
+    x: jax.Array,
+    indices: jax.Array,
+    *,
+    block_rows: int | None = None,
+    f: Callable[[jax.Array], jax.Array] | None = None,
+) -> jax.Array:
+    """The XLA meaning of :func:`gather_blocks`: ``jnp.take(..., mode="clip")`` of blocks of
+    ``block_rows`` rows (default: the dtype's sublane tile on the active target's chip), then
+    ``f`` on the whole result (the kernel applies it tile by tile; an elementwise ``f`` agrees)."""
+    br = block_rows or tile_shape(x.dtype, current_target().chip)[0]
+    cols = x.shape[1]
+    blocks = jnp.take(x.reshape(-1, br, cols), jnp.asarray(indices), axis=0, mode="clip")
+    out = blocks.reshape(-1, cols)
+    return out if f is None else f(out)
+
+
 def _clipped(index: Any, nblocks: int) -> Any:
     """A block index read from SMEM, clamped into range as ``jnp.take(..., mode="clip")`` does."""
     return jnp.minimum(jnp.maximum(index, 0), nblocks - 1)

@@ -89,6 +89,12 @@ def matmul(
     )(a, b)
 
 
+def matmul_reference(a: jax.Array, b: jax.Array, *, out_dtype: Any = jnp.float32) -> jax.Array:
+    """The XLA meaning of :func:`matmul`: ``a @ b`` accumulated in float32, cast to
+    ``out_dtype``."""
+    return jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(out_dtype)
+
+
 def _blocked(
     blocks: tuple[int, int, int] | None,
     core_mesh: TensorCoreMesh,
