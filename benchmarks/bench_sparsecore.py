@@ -20,7 +20,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
@@ -81,13 +80,13 @@ PROGRAMS: dict[str, FunctionProgram] = {
     "scatter_add_float32": _program(
         "scatter_add_float32",
         lambda t, i, u: sc.scatter_add(t, i, u, mode="drop"),
-        lambda t, i, u: t.at[i].add(u, mode="drop"),
+        lambda t, i, u: sc.scatter_add_reference(t, i, u, mode="drop"),
         _scatter_args,
     ),
     "segment_sum_float32": _program(
         "segment_sum_float32",
         lambda v, s: sc.segment_sum(v, s, SEGMENTS),
-        lambda v, s: jax.ops.segment_sum(v, s, SEGMENTS),
+        lambda v, s: sc.segment_sum_reference(v, s, SEGMENTS),
         _segment_args,
     ),
     "embedding_bag_sum": _program(
