@@ -7,7 +7,7 @@ import pytest
 import coremesh.core as cc
 from coremesh.core.targets import HardwareTarget
 from coremesh.sparsecore import SparseCoreBackend, mesh
-from coremesh.testing.conformance.package import check_import_refuses_old_jax
+from coremesh.testing.conformance.package import check_backend_face, check_import_refuses_old_jax
 
 
 def _target(chip: str) -> HardwareTarget:
@@ -26,6 +26,33 @@ def test_vector_mesh(chip: str, cores: int, subcores: int) -> None:
 def test_scalar_mesh() -> None:
     m = mesh(cc.CoreKind.SPARSE_SCALAR, target=_target("v5p"))
     assert dict(m.axes) == {"core": 4}
+
+
+def test_mesh_names_its_axes() -> None:
+    m = mesh(axis_name="sc", subcore_axis_name="lane_group", target=_target("v6e"))
+    assert dict(m.axes) == {"sc": 2, "lane_group": 16}
+    scalar = mesh(cc.CoreKind.SPARSE_SCALAR, axis_name="subcore", target=_target("v6e"))
+    assert dict(scalar.axes) == {"subcore": 2}  # a scalar mesh has no subcore axis to clash with
+
+
+def test_tensor_kind_is_refused() -> None:
+    with pytest.raises(cc.MeshError, match="cannot be of kind") as e:
+        mesh(cc.CoreKind.TENSOR, target=_target("v5p"))
+    assert "coremesh.tensorcore.mesh()" in str(e.value)
+
+
+@pytest.mark.parametrize(("core", "subcore"), [("my core", "subcore"), ("core", "core")])
+def test_axis_names_are_distinct_identifiers(core: str, subcore: str) -> None:
+    with pytest.raises(cc.MeshError, match="not distinct identifiers"):
+        mesh(axis_name=core, subcore_axis_name=subcore, target=_target("v5p"))
+
+
+def test_public_face_is_the_backends_shared_one() -> None:
+    check_backend_face(
+        "coremesh.sparsecore",
+        mesh_class="SparseCoreMesh",
+        ops=("gather", "scatter_add", "segment_sum", "embedding_bag"),
+    )
 
 
 @pytest.mark.parametrize("chip", ["v4", "v5e"])

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 import coremesh.core as cc
 from coremesh.core import jax_compat
 from coremesh.core.targets import HardwareTarget
 from coremesh.tensorcore import TensorCoreBackend, TensorCoreMesh, mesh
-from coremesh.testing.conformance.package import check_import_refuses_old_jax
+from coremesh.testing.conformance.package import check_backend_face, check_import_refuses_old_jax
 
 
 @pytest.mark.parametrize(
@@ -34,6 +36,34 @@ def test_core_count_the_chip_lacks() -> None:
 def test_bad_axis_name() -> None:
     with pytest.raises(cc.MeshError, match="not an identifier"):
         TensorCoreMesh(cc.get_chip("v5p"), 2, "my core")
+
+
+def _v5p() -> HardwareTarget:
+    c = cc.get_chip("v5p")
+    return HardwareTarget(c, 4, c.default_cores_per_device)
+
+
+def test_mesh_names_its_axis_and_takes_the_tensor_kind() -> None:
+    m = mesh(cc.CoreKind.TENSOR, axis_name="tc", target=_v5p())
+    assert dict(m.axes) == {"tc": 2} and m.kind is cc.CoreKind.TENSOR
+    assert dict(m.pallas_mesh().shape) == {"tc": 2}
+
+
+@pytest.mark.parametrize("kind", [cc.CoreKind.SPARSE_VECTOR, cc.CoreKind.SPARSE_SCALAR, "tc"])
+def test_a_kind_other_than_tensor_is_refused(kind: Any) -> None:
+    """The kind comes first (as in coremesh.sparsecore.mesh): a SparseCore kind, or an axis name
+    passed where the kind goes, is a MeshError that says where the name belongs."""
+    with pytest.raises(cc.MeshError, match="cannot be of kind") as e:
+        mesh(kind, target=_v5p())
+    assert "axis_name=" in str(e.value) and "coremesh.sparsecore.mesh" in str(e.value)
+
+
+def test_public_face_is_the_backends_shared_one() -> None:
+    check_backend_face(
+        "coremesh.tensorcore",
+        mesh_class="TensorCoreMesh",
+        ops=("map_blocks", "reduce", "matmul", "gather_blocks"),
+    )
 
 
 def test_registered_backend_serves_tensor_meshes() -> None:

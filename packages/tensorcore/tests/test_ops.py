@@ -144,8 +144,9 @@ def test_ops_on_one_core_of_a_megacore_device(slice_target: SliceFactory) -> Non
 
 def test_ops_on_a_core_axis_with_another_name(slice_target: SliceFactory) -> None:
     """The ops split and exchange over the mesh's own core axis name, not a fixed "core"."""
-    with slice_target("v5p", 1, deadline=30.0) as sim:
-        tcm = tc.TensorCoreMesh(sim.chip, 2, axis_name="tc")
+    with slice_target("v5p", 1, deadline=30.0):
+        tcm = tc.mesh(axis_name="tc")
+        assert dict(tcm.axes) == {"tc": 2}
         x = exact((64, 256), jnp.float32, 11)
         a, b = exact((32, 128), jnp.float32, 12), exact((128, 128), jnp.float32, 13)
         xs = jnp.asarray(x)

@@ -10,7 +10,14 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from coremesh.core import Chip, CoreKind, Target, UnsupportedOnChipError, current_target
+from coremesh.core import (
+    Chip,
+    CoreKind,
+    MeshError,
+    Target,
+    UnsupportedOnChipError,
+    current_target,
+)
 from coremesh.core.chips import SparseCoreSpec
 
 
@@ -33,6 +40,9 @@ def sparsecore_of(chip: Chip) -> SparseCoreSpec:
     return chip.sparsecore
 
 
+_KINDS = (CoreKind.SPARSE_VECTOR, CoreKind.SPARSE_SCALAR)
+
+
 @dataclasses.dataclass(frozen=True)
 class SparseCoreMesh:
     """All SparseCores of one device: ``cores`` x ``subcores`` vector (or scalar) subcores."""
@@ -47,12 +57,21 @@ class SparseCoreMesh:
     def __post_init__(self) -> None:
         sparsecore_of(self.chip)
         active_sparsecores(self.chip, self.cores_per_device)
-        if self.kind is CoreKind.TENSOR:
-            raise UnsupportedOnChipError(
-                "a SparseCore mesh cannot be of tensor kind",
-                rule="kinds are sparse_vector or sparse_scalar",
+        if self.kind not in _KINDS:
+            raise MeshError(
+                f"a SparseCore mesh cannot be of kind {self.kind!r}",
+                rule="kinds are CoreKind.SPARSE_VECTOR or CoreKind.SPARSE_SCALAR",
                 chip=self.chip.name,
                 fix="use coremesh.tensorcore.mesh() for TensorCores",
+            )
+        scalar = self.kind is CoreKind.SPARSE_SCALAR
+        names = (self.core_axis,) if scalar else (self.core_axis, self.subcore_axis)
+        if len(set(names)) < len(names) or not all(n.isidentifier() for n in names):
+            raise MeshError(
+                f"SparseCore mesh axis names {names!r} are not distinct identifiers",
+                rule="mesh axis names are distinct Python identifiers",
+                chip=self.chip.name,
+                fix="use names such as axis_name='core', subcore_axis_name='subcore'",
             )
 
     @property
@@ -95,9 +114,23 @@ class SparseCoreMesh:
 
 
 def mesh(
-    kind: CoreKind = CoreKind.SPARSE_VECTOR, *, target: Target | None = None
+    kind: CoreKind = CoreKind.SPARSE_VECTOR,
+    *,
+    axis_name: str = "core",
+    subcore_axis_name: str = "subcore",
+    target: Target | None = None,
 ) -> SparseCoreMesh:
     """The SparseCore mesh of ``target`` (default: the active one), with as many SparseCores as
-    one of its devices drives (v5p split mode: 2)."""
+    one of its devices drives (v5p split mode: 2).
+
+    The same shape as ``coremesh.tensorcore.mesh``; ``subcore_axis_name`` names the vector
+    subcores' axis (a scalar-subcore mesh has only ``axis_name``).
+    """
     t = target if target is not None else current_target()
-    return SparseCoreMesh(t.chip, kind, cores_per_device=t.cores_per_device)
+    return SparseCoreMesh(
+        t.chip,
+        kind,
+        core_axis=axis_name,
+        subcore_axis=subcore_axis_name,
+        cores_per_device=t.cores_per_device,
+    )

@@ -40,7 +40,24 @@ class TensorCoreMesh:
         return jax_compat.tensorcore_mesh(self.axis_name, num_cores=self.cores)
 
 
-def mesh(axis_name: str = "core", *, target: Target | None = None) -> TensorCoreMesh:
-    """The TensorCore mesh of ``target`` (default: the active one)."""
+def mesh(
+    kind: CoreKind = CoreKind.TENSOR,
+    *,
+    axis_name: str = "core",
+    target: Target | None = None,
+) -> TensorCoreMesh:
+    """The TensorCore mesh of ``target`` (default: the active one).
+
+    The same shape as ``coremesh.sparsecore.mesh``: the kind first, so code written against
+    either backend asks for a mesh the same way; here the only kind is ``CoreKind.TENSOR``.
+    """
     t = target if target is not None else current_target()
+    if kind is not CoreKind.TENSOR:
+        raise MeshError(
+            f"a TensorCore mesh cannot be of kind {kind!r}",
+            rule="coremesh.tensorcore.mesh serves CoreKind.TENSOR only; the kind comes first",
+            chip=t.chip.name,
+            fix="pass no kind (an axis name goes in axis_name=...), or use "
+            "coremesh.sparsecore.mesh(kind) for SparseCore subcores",
+        )
     return TensorCoreMesh(t.chip, t.cores_per_device, axis_name)
