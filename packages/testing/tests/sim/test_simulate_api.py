@@ -143,6 +143,7 @@ def test_more_host_devices_than_jax_started_with_is_a_clear_error() -> None:
     with pytest.raises(CoremeshError, match=f"already started with {have}") as info:
         simulate(devices=have + 1).__enter__()
     assert "JAX_NUM_CPU_DEVICES" in str(info.value)
+    assert info.value.chip == "v5p"  # the simulated chip the devices were for
     assert patches.installed_chip() is None
 
 

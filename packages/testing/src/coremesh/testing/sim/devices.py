@@ -41,13 +41,16 @@ def requested_host_devices() -> int | None:
     return _flag_count()
 
 
-def configure_host_devices(count: int, *, prefer: int | None = None) -> None:
+def configure_host_devices(
+    count: int, *, prefer: int | None = None, chip: str | None = None
+) -> None:
     """Ask jax for at least ``count`` CPU devices; a no-op if its backend already has them.
 
     ``prefer``: how many to ask for when the backend has not started yet. Each host device
     brings execution threads, and a simulated core blocked on a semaphore holds one, so a
     slice of ``devices`` x ``cores`` runs most reliably with ``devices * (cores + 1)``.
-    Raises :class:`CoremeshError` if the CPU backend already started with fewer than ``count``.
+    Raises :class:`CoremeshError` if the CPU backend already started with fewer than ``count``
+    (naming ``chip``, the simulated chip, where there is one).
     """
     import jax
 
@@ -75,6 +78,7 @@ def configure_host_devices(count: int, *, prefer: int | None = None) -> None:
             f"or start the process with JAX_NUM_CPU_DEVICES={count} (or "
             f"XLA_FLAGS=--xla_force_host_platform_device_count={count}); under pytest the "
             "coremesh plugin arranges 16",
+            chip=chip,
         )
 
 

@@ -224,7 +224,7 @@ class Simulator:
 
     def __enter__(self) -> Simulator:
         cores = self._chip.cores_per_device
-        configure_host_devices(self._n, prefer=self._n * (cores + 1))
+        configure_host_devices(self._n, prefer=self._n * (cores + 1), chip=self._chip.name)
         patches.check_jax_version()
         self._devices = tuple(cpu_devices()[: self._n])
         outermost = patches.installed_chip() is None
