@@ -410,7 +410,7 @@ def tpu_tests(session: nox.Session) -> None:
     if count == "0":
         session.log("No TPU on this machine: tpu_tests ran nothing. Run it on a TPU VM.")
         return
-    session.log(f"Running on {count} x {kind}: simulate() hands the tests the local TPU")
+    session.log(f"Running on {count} x {kind}: the test fixtures hand out the local TPU")
     for package in PACKAGES:
         session.chdir(ROOT / "packages" / package)
         # Not LIBTPU_ENV: on a TPU VM libtpu must see the real accelerator type.
