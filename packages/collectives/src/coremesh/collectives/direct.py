@@ -157,26 +157,26 @@ def all_to_all(
     """
     from jax.experimental.pallas import tpu as pltpu
 
+    from coremesh.tensorcore import exchange
+
     n, rank = axis.size, axis.rank()
     local = pltpu.make_async_copy(src(rank), dst(rank), scratch["local"])
     local.start()
     copies = []
     for j in range(1, n):
         to = axis.shift(rank, j)
-        copy = pltpu.make_async_remote_copy(
-            src(to),
-            dst(rank),
-            scratch["send"].at[j - 1],
-            scratch["recv"].at[j - 1],
-            device_id=axis.device_id(to),
+        copies.append(
+            pltpu.make_async_remote_copy(
+                src(to),
+                dst(rank),
+                scratch["send"].at[j - 1],
+                scratch["recv"].at[j - 1],
+                device_id=axis.device_id(to),
+            )
         )
-        copy.start()
-        copies.append(copy)
+    exchange.start(copies)
     local.wait()
-    for copy in copies:
-        copy.wait_recv()
-    for copy in copies:
-        copy.wait_send()
+    exchange.finish(copies)
 
 
 def barrier_peers(axis: Axis) -> list[Any]:

@@ -78,23 +78,22 @@ def _swap(cores: Axis, mine: Sequence[Any], scratch: Scratch) -> None:
     """Send this core's chunks to every other core of the device (at the same addresses)."""
     from jax.experimental.pallas import tpu as pltpu
 
+    from coremesh.tensorcore import exchange
+
     c = cores.rank()
-    copies = []
-    for j in range(1, cores.size):
-        for k, ref in enumerate(mine):
-            copy = pltpu.make_async_remote_copy(
-                ref,
-                ref,
-                scratch["send"].at[j - 1, k],
-                scratch["recv"].at[j - 1, k],
-                device_id=cores.device_id(cores.shift(c, j)),
-            )
-            copy.start()
-            copies.append(copy)
-    for copy in copies:
-        copy.wait_recv()
-    for copy in copies:
-        copy.wait_send()
+    copies = [
+        pltpu.make_async_remote_copy(
+            ref,
+            ref,
+            scratch["send"].at[j - 1, k],
+            scratch["recv"].at[j - 1, k],
+            device_id=cores.device_id(cores.shift(c, j)),
+        )
+        for j in range(1, cores.size)
+        for k, ref in enumerate(mine)
+    ]
+    exchange.start(copies)
+    exchange.finish(copies)
 
 
 # ------------------------------------------------------------------------- reduce-scatter

@@ -40,33 +40,13 @@ def handshake(axis: Axis, peers: Sequence[Any], valid: Sequence[Any] | None = No
     """Signal the barrier semaphore of each peer rank, then wait for as many signals.
 
     ``valid`` (traced booleans, one per peer) skips peers this participant does not exchange
-    with; the relation must stay symmetric (``p`` is my valid peer iff I am ``p``'s).
+    with; the relation must stay symmetric (``p`` is my valid peer iff I am ``p``'s). The
+    handshake is the cross-core exchange's (:func:`coremesh.tensorcore.exchange.handshake`),
+    on ranks of ``axis``.
     """
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import tpu as pltpu
+    from coremesh.tensorcore import exchange
 
-    if not peers:
-        return
-    barrier = pltpu.get_barrier_semaphore()
-    if valid is None:
-        for p in peers:
-            pl.semaphore_signal(barrier, 1, device_id=axis.device_id(p))
-        pl.semaphore_wait(barrier, len(peers))
-        return
-    import jax.numpy as jnp
-
-    count = jnp.int32(0)
-    for p, ok in zip(peers, valid, strict=True):
-
-        @pl.when(ok)
-        def _signal(p: Any = p) -> None:
-            pl.semaphore_signal(barrier, 1, device_id=axis.device_id(p))
-
-        count = count + ok.astype(jnp.int32)
-
-    @pl.when(count > 0)
-    def _wait() -> None:
-        pl.semaphore_wait(barrier, count)
+    exchange.handshake([axis.device_id(p) for p in peers], valid)
 
 
 def grant(axis: Axis, credit: Any, to_rank: Any) -> None:

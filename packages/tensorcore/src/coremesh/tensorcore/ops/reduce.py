@@ -21,6 +21,7 @@ from jax.sharding import PartitionSpec as P
 from coremesh.core import Chip, CostEstimate, LayoutError, Manual, Parallel, current_target
 from coremesh.core.dtypes import itemsize
 from coremesh.core.sharding import device_shards, on_devices
+from coremesh.tensorcore import exchange
 from coremesh.tensorcore.block_sizes import choose_block
 from coremesh.tensorcore.kernel import kernel
 from coremesh.tensorcore.mesh import TensorCoreMesh
@@ -151,12 +152,6 @@ def reduce(
     return result.astype(x.dtype)
 
 
-def reduce_reference(x: jax.Array, axis: int, op: Op = "sum") -> jax.Array:
-    """The XLA meaning of :func:`reduce`: ``jnp.sum/max/min`` accumulated in float32 (int32 for
-    integers), returned in ``x.dtype``."""
-    return _FOLD[op](x.astype(_acc_dtype(x.dtype)), axis=axis).astype(x.dtype)
-
-
 def _along_columns(
     core_mesh: TensorCoreMesh,
     rows: int,
@@ -259,34 +254,20 @@ def _along_rows(
 
         if cores > 1:
             # Every core reaches this point before any partial is sent (every recv exists).
-            barrier = pltpu.get_barrier_semaphore()
-            for other in range(cores):
-
-                @pl.when(core != other)
-                def _signal(other: int = other) -> None:
-                    pl.semaphore_signal(barrier, 1, device_id={axis: other})
-
-            pl.semaphore_wait(barrier, cores - 1)
+            peers = [{axis: jax.lax.rem(core + k, cores)} for k in range(1, cores)]
+            exchange.handshake(peers)
             # Symmetric: every core sends its partial to each other core (slot k holds the one
             # from k cores back) and waits on the same semaphores, so each core's program pairs
             # its waits with its own DMA starts (libtpu's static profiler needs that) and no core
             # leaves before its partial has landed and every peer's partial has arrived.
             copies = [
                 pltpu.make_async_remote_copy(
-                    acc,
-                    recv.at[k],
-                    send_sem.at[k],
-                    recv_sem.at[k],
-                    device_id={axis: jax.lax.rem(core + k, cores)},
+                    acc, recv.at[k], send_sem.at[k], recv_sem.at[k], device_id=peers[k - 1]
                 )
                 for k in range(1, cores)
             ]
-            for copy in copies:
-                copy.start()
-            for copy in copies:
-                copy.wait_recv()
-            for copy in copies:  # acc is still being read until every send is done
-                copy.wait_send()
+            exchange.start(copies)
+            exchange.finish(copies)  # acc is still being read until every send is done
             for k in range(1, cores):
                 acc[...] = combine(acc[...], recv[k])
 
