@@ -22,6 +22,7 @@ import coremesh.core as cc
 import coremesh.tensorcore as tc
 from coremesh.collectives import in_kernel
 from coremesh.collectives.axes import resolve
+from coremesh.collectives.reference import lax_equivalent
 from coremesh.core import jax_compat
 from coremesh.testing.plugin import SliceFactory
 
@@ -102,14 +103,13 @@ def _shapes(op: str, n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 def _reference(op: str, kind: str, n: int) -> Callable[[Any], Any]:
-    name = AXES[kind]
-    if op == "all_gather":
-        return lambda v: lax.all_gather(v[0], name)[None]
-    if op == "reduce_scatter":
-        return lambda v: lax.psum_scatter(v[0], name)[None]
+    """The package's jax.lax equivalent of ``op`` on one participant's operand, which carries a
+    leading dim of 1 here (an all-reduce, elementwise, keeps it)."""
+    kw = {"split_axis": 0, "concat_axis": 0} if op == "all_to_all" else {}
+    fn = lax_equivalent(op, AXES[kind], size=n, **kw)
     if op == "all_reduce":
-        return lambda v: lax.psum(v, name)
-    return lambda v: lax.all_to_all(v[0], name, 0, 0)[None]
+        return fn
+    return lambda v: fn(v[0])[None]
 
 
 @pytest.mark.parametrize("allocate", ["scoped", "kernel"])

@@ -6,6 +6,7 @@ The classes are not named ``Test*``, so pytest collects them only where a backen
 supports, and a suite test for a missing capability is reported as skipped with the reason.
 """
 
+from coremesh.testing.conformance.collectives import CollectivesSuite
 from coremesh.testing.conformance.sparsecore import (
     SparseCoreCompileSuite,
     SparseCoreKernelSuite,
@@ -18,6 +19,7 @@ from coremesh.testing.conformance.tensorcore import (
 )
 
 __all__ = [
+    "CollectivesSuite",
     "SparseCoreCompileSuite",
     "SparseCoreKernelSuite",
     "SparseCoreSplitCompileSuite",
