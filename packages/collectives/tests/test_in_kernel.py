@@ -105,7 +105,7 @@ def _shapes(op: str, n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
 def _reference(op: str, kind: str, n: int) -> Callable[[Any], Any]:
     """The package's jax.lax equivalent of ``op`` on one participant's operand, which carries a
     leading dim of 1 here (an all-reduce, elementwise, keeps it)."""
-    kw = {"split_axis": 0, "concat_axis": 0} if op == "all_to_all" else {}
+    kw: dict[str, Any] = {"split_axis": 0, "concat_axis": 0} if op == "all_to_all" else {}
     fn = lax_equivalent(op, AXES[kind], size=n, **kw)
     if op == "all_reduce":
         return fn
