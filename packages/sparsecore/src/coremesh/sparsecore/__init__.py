@@ -13,6 +13,7 @@ and the sharding helpers.
 """
 
 from coremesh.core import jax_versions
+from coremesh.core.partition import core_share
 from coremesh.core.sharding import device_shards, inside_shard_map, on_devices
 from coremesh.sparsecore.backend import SparseCoreBackend, SparseCoreKernel
 from coremesh.sparsecore.kernel import kernel
@@ -27,12 +28,7 @@ from coremesh.sparsecore.ops import (
     segment_sum,
     segment_sum_reference,
 )
-from coremesh.sparsecore.registers import (
-    check_register_shape,
-    register_shape,
-    register_width,
-    split,
-)
+from coremesh.sparsecore.registers import check_register_shape, register_shape, register_width
 
 jax_versions.check()  # refuse a jax older than coremesh supports; warn on an untested one
 
@@ -43,6 +39,7 @@ __all__ = [
     "SparseCoreMesh",
     "active_sparsecores",
     "check_register_shape",
+    "core_share",
     "device_shards",
     "embedding_bag",
     "embedding_bag_reference",
@@ -59,5 +56,4 @@ __all__ = [
     "segment_sum",
     "segment_sum_reference",
     "sparsecore_of",
-    "split",
 ]

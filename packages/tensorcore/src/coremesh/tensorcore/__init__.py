@@ -7,6 +7,7 @@ their references, and the sharding helpers.
 """
 
 from coremesh.core import jax_versions
+from coremesh.core.partition import core_share
 from coremesh.core.sharding import device_shards, inside_shard_map, on_devices
 from coremesh.tensorcore.backend import TensorCoreBackend, TensorCoreKernel
 from coremesh.tensorcore.block_sizes import choose_block, choose_matmul_blocks, choose_resident_plan
@@ -22,7 +23,7 @@ from coremesh.tensorcore.ops import (
     reduce,
     reduce_reference,
 )
-from coremesh.tensorcore.pipeline import core_share, pipeline, sub_blocks
+from coremesh.tensorcore.pipeline import pipeline, sub_blocks
 
 jax_versions.check()  # refuse a jax older than coremesh supports; warn on an untested one
 

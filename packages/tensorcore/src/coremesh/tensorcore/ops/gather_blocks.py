@@ -28,12 +28,13 @@ from coremesh.core import (
     tile_shape,
 )
 from coremesh.core.indices import check_in_range, check_index_vector
+from coremesh.core.partition import core_share
 from coremesh.core.sharding import device_shards, on_devices
 from coremesh.tensorcore.block_sizes import choose_block
 from coremesh.tensorcore.kernel import kernel
 from coremesh.tensorcore.mesh import TensorCoreMesh
 from coremesh.tensorcore.mesh import mesh as target_mesh
-from coremesh.tensorcore.pipeline import core_share, pipeline
+from coremesh.tensorcore.pipeline import pipeline
 from coremesh.tensorcore.validate import check_2d, check_tiled
 
 #: Block DMAs a core keeps in flight: enough to hide a DMA's latency behind issuing the next ones.
@@ -156,7 +157,7 @@ def _body(nblocks: int, br: int, local_n: int, window: int, core_mesh: TensorCor
     def body(idx_hbm: Any, x_hbm: Any, o_hbm: Any, idx_smem: Any, sems: Any) -> None:
         pltpu.sync_copy(idx_hbm, idx_smem)
         core = jax.lax.axis_index(core_mesh.axis_name)
-        start, size = core_share(local_n, core, core_mesh.cores)
+        start, size = core_share(local_n, core_mesh.cores, core)
 
         def block(i: Any, slot: int) -> Any:
             src = _clipped(idx_smem[i], nblocks)

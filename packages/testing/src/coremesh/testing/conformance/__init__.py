@@ -6,12 +6,14 @@ The classes are not named ``Test*``, so pytest collects them only where a backen
 supports, and a suite test for a missing capability is reported as skipped with the reason.
 """
 
+from coremesh.testing.conformance.backend import BackendSuite
 from coremesh.testing.conformance.collectives import CollectivesSuite
 from coremesh.testing.conformance.sparsecore import (
     SparseCoreCompileSuite,
     SparseCoreKernelSuite,
     SparseCoreSplitCompileSuite,
 )
+from coremesh.testing.conformance.targets import TargetSuite
 from coremesh.testing.conformance.tensorcore import (
     TensorCoreCompileSuite,
     TensorCoreKernelSuite,
@@ -19,10 +21,12 @@ from coremesh.testing.conformance.tensorcore import (
 )
 
 __all__ = [
+    "BackendSuite",
     "CollectivesSuite",
     "SparseCoreCompileSuite",
     "SparseCoreKernelSuite",
     "SparseCoreSplitCompileSuite",
+    "TargetSuite",
     "TensorCoreCompileSuite",
     "TensorCoreKernelSuite",
     "TensorCorePipelineSuite",
