@@ -139,3 +139,26 @@ def test_every_marked_block_is_used() -> None:
         "shell",
     }, "a new marked README block needs a test here"
     assert sys.version_info >= (3, 11)
+
+
+PACKAGES = ("core", "tensorcore", "sparsecore", "collectives", "testing")
+MODULE = re.compile(r"`(?:coremesh\.)?(?P<pkg>" + "|".join(PACKAGES) + r")\.(?P<path>[a-z_.]+)")
+
+
+def test_architecture_names_only_modules_that_exist() -> None:
+    """Every ``pkg.module`` ARCHITECTURE.md names is a module (or a name in one) of the tree."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    named = {(m["pkg"], m["path"].rstrip(".")) for m in MODULE.finditer(text)}
+    assert len(named) > 20
+    missing = []
+    for pkg, path in sorted(named):
+        parts, base = path.split("."), ROOT / "packages" / pkg / "src" / "coremesh" / pkg
+        # The longest prefix that is a module or package; the rest names something inside it.
+        found = any(
+            (base.joinpath(*parts[:k]).with_suffix(".py")).is_file()
+            or (base.joinpath(*parts[:k]) / "__init__.py").is_file()
+            for k in range(len(parts), 0, -1)
+        )
+        if not found:
+            missing.append(f"{pkg}.{path}")
+    assert not missing, f"ARCHITECTURE.md names modules that do not exist: {missing}"
