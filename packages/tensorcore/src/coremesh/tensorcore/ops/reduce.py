@@ -152,6 +152,12 @@ def reduce(
     return result.astype(x.dtype)
 
 
+def reduce_reference(x: jax.Array, axis: int, op: Op = "sum") -> jax.Array:
+    """The XLA meaning of :func:`reduce`: ``jnp.sum/max/min`` accumulated in float32 (int32 for
+    integers), returned in ``x.dtype``."""
+    return _FOLD[op](x.astype(_acc_dtype(x.dtype)), axis=axis).astype(x.dtype)
+
+
 def _along_columns(
     core_mesh: TensorCoreMesh,
     rows: int,
