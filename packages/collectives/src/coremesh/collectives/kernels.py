@@ -15,6 +15,7 @@ Every kernel carries a ``CostEstimate`` and a collective id from the process all
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -170,7 +171,7 @@ def _share_spec(req: Request, share: _Share) -> ScratchSpec:
 
     n, mode = req.n, validate.check_sync(req.sync, req.axis)
     c = req.collective
-    local = ScratchSpec((("local", pltpu.SemaphoreType.DMA),))
+    local = plans.local_sem()
     if c == "all_gather":
         return bi.gather_scratch(n, share.routes, mode) + local
     if c == "reduce_scatter":
@@ -193,12 +194,7 @@ def _share_spec(req: Request, share: _Share) -> ScratchSpec:
 def _peers(req: Request) -> Callable[[], tuple[list[Any], list[Any] | None]]:
     ax = req.axis
     if req.collective in validate.RING_OPS:
-
-        def ring() -> tuple[list[Any], list[Any] | None]:
-            r = ax.rank()
-            return [ax.shift(r, 1), ax.shift(r, -1)], None
-
-        return ring
+        return plans.ring_peers(ax)
     if req.collective == "ppermute":
         return lambda: direct.ppermute_peers(ax, req.perm)
     return lambda: (direct.all_to_all_peers(ax), None)
@@ -231,12 +227,8 @@ def _device_body(req: Request) -> tuple[Callable[..., None], ScratchSpec, list[A
         if req.collective == "all_gather":
             for c, share in enumerate(shares):
                 if share is not None:
-                    on_core(
-                        c,
-                        _local_copy(
-                            share.part.of(src), share.part.of(dst.at[rank]), scr[f"c{c}.local"]
-                        ),
-                    )
+                    mine, into = share.part.of(src), share.part.of(dst.at[rank])
+                    on_core(c, functools.partial(plans.local_copy, mine, into, scr[f"c{c}.local"]))
         for c, share in enumerate(shares):
             if share is not None:  # idle cores (no share on any device) stay out entirely
                 on_core(c, lambda: sync.handshake(ax, *peers()))
@@ -247,17 +239,6 @@ def _device_body(req: Request) -> tuple[Callable[..., None], ScratchSpec, list[A
             on_core(c, _device_step(req, share, src, dst, s, mode))
 
     return body, spec, []
-
-
-def _local_copy(src: Any, dst: Any, sem: Any) -> Callable[[], None]:
-    def run() -> None:
-        from jax.experimental.pallas import tpu as pltpu
-
-        copy = pltpu.make_async_copy(src, dst, sem)
-        copy.start()
-        copy.wait()
-
-    return run
 
 
 def _device_step(
@@ -284,7 +265,7 @@ def _device_step(
             direct.ppermute(ax, part.of(src), part.of(dst), req.perm, scr, zero=zero)
         else:  # barrier: the handshake was the arrival; depart, then pass the data through
             direct.depart(ax, scr)
-            _local_copy(part.of(src), part.of(dst), scr["local"])()
+            plans.local_copy(part.of(src), part.of(dst), scr["local"])
 
     return run
 
@@ -326,10 +307,10 @@ def _staged_body(req: Request) -> tuple[Callable[..., None], ScratchSpec, list[A
         scr = spec.bind(rest)
         if req.collective == "barrier":
             plan.execute(scr, handshake=True)
-            _local_copy(mine, out, sem)()
+            plans.local_copy(mine, out, sem)
             return
         plan.on(mine, target).execute(scr, handshake=True)
         if staged:
-            _local_copy(buf, out, sem)()
+            plans.local_copy(buf, out, sem)
 
     return body, spec, stage

@@ -20,6 +20,7 @@ from coremesh.collectives import direct, hierarchical, sync
 from coremesh.collectives.axes import Axis
 from coremesh.collectives.scratch import Scratch, ScratchSpec
 from coremesh.collectives.validate import (
+    RING_OPS,
     check_op,
     check_permutation,
     check_sync,
@@ -80,7 +81,9 @@ class Plan:
         body(scratch)
 
 
-def _ring_peers(axis: Axis) -> Callable[[], tuple[list[Any], None]]:
+def ring_peers(axis: Axis) -> Callable[[], tuple[list[Any], None]]:
+    """The ranks a ring's handshake meets: this participant's two neighbours."""
+
     def peers() -> tuple[list[Any], None]:
         r = axis.rank()
         return [axis.shift(r, 1), axis.shift(r, -1)], None
@@ -92,13 +95,15 @@ def _hier_peers(axis: Axis) -> Callable[[], tuple[list[Any], None]]:
     return lambda: (hierarchical.peers(axis), None)
 
 
-def _local_sem() -> ScratchSpec:
+def local_sem() -> ScratchSpec:
+    """The DMA semaphore (``"local"``) of a participant's copy within its own memory."""
     from jax.experimental.pallas import tpu as pltpu
 
     return ScratchSpec((("local", pltpu.SemaphoreType.DMA),))
 
 
-def _copy(src: Any, dst: Any, sem: Any) -> None:
+def local_copy(src: Any, dst: Any, sem: Any) -> None:
+    """Copy ``src`` to ``dst`` in this participant's memory, waiting on ``sem``."""
     from jax.experimental.pallas import tpu as pltpu
 
     copy = pltpu.make_async_copy(src, dst, sem)
@@ -112,117 +117,97 @@ def _device_routes(axis: Axis, algorithm: str, chunk: Sequence[int], dtype: Any)
     return bi.routes(algorithm, chunk, dtype, axis.chip)  # type: ignore[arg-type]
 
 
-def plan_all_gather(
-    axis: Axis,
-    chunk: Sequence[int],
-    dtype: Any,
-    algorithm: str = "auto",
-    sync_mode: str = "per_step",
-) -> Plan:
-    """All-gather: ``dst[k]`` gets participant ``k``'s ``src``."""
-    algo = resolve_algorithm("all_gather", axis, algorithm, chunk, dtype)
+@dataclasses.dataclass(frozen=True)
+class _Ring:
+    """A ring collective's checked schedule: algorithm, sync mode and routes over ``axis``."""
+
+    axis: Axis
+    chunk: Sequence[int]
+    dtype: Any
+    algorithm: str
+    mode: sync.Sync
+    routes: list[bi.Route]
+
+    @property
+    def hierarchical(self) -> bool:
+        return self.algorithm == "hierarchical"
+
+    @property
+    def peers(self) -> Callable[[], tuple[list[Any], None]]:
+        return _hier_peers(self.axis) if self.hierarchical else ring_peers(self.axis)
+
+    def gather(self, dst: Any, scr: Scratch) -> None:
+        """Every participant's ``dst[rank]`` into everyone's ``dst``."""
+        if self.hierarchical:
+            hierarchical.gather(self.axis, self.routes, dst, self.mode, scr)
+        else:
+            bi.gather(self.axis, self.routes, lambda k: dst.at[k], self.mode, scr)
+
+
+def _ring(
+    collective: str, axis: Axis, chunk: Sequence[int], dtype: Any, algorithm: str, sync_mode: str
+) -> _Ring:
+    algo = resolve_algorithm(collective, axis, algorithm, chunk, dtype)
     mode = check_sync(sync_mode, axis)
-    route_list = _device_routes(axis, algo, chunk, dtype)
-    if algo == "hierarchical":
-        spec = hierarchical.gather_scratch(axis, route_list, mode)
-        peers = _hier_peers(axis)
+    return _Ring(axis, chunk, dtype, algo, mode, _device_routes(axis, algo, chunk, dtype))
+
+
+def plan_all_gather(ring: _Ring) -> Plan:
+    """All-gather: ``dst[k]`` gets participant ``k``'s ``src``."""
+    axis = ring.axis
+    if ring.hierarchical:
+        spec = hierarchical.gather_scratch(axis, ring.routes, ring.mode)
     else:
-        spec = bi.gather_scratch(axis.size, route_list, mode)
-        peers = _ring_peers(axis)
-    spec = spec + _local_sem()
+        spec = bi.gather_scratch(axis.size, ring.routes, ring.mode)
 
     def run(scr: Scratch) -> None:
         src, dst = scr["@src"], scr["@dst"]
-        _copy(src, dst.at[axis.rank()], scr["local"])
-        if axis.size == 1:
-            return
-        if algo == "hierarchical":
-            hierarchical.gather(axis, route_list, dst, mode, scr)
-        else:
-            bi.gather(axis, route_list, lambda k: dst.at[k], mode, scr)
+        local_copy(src, dst.at[axis.rank()], scr["local"])
+        if axis.size > 1:
+            ring.gather(dst, scr)
 
-    return Plan(axis, algo, spec, peers, run)
+    return Plan(axis, ring.algorithm, spec + local_sem(), ring.peers, run)
 
 
-def plan_reduce_scatter(
-    axis: Axis,
-    chunk: Sequence[int],
-    dtype: Any,
-    op: str = "sum",
-    algorithm: str = "auto",
-    sync_mode: str = "per_step",
-    *,
-    src_in_vmem: bool = True,
-) -> Plan:
+def plan_reduce_scatter(ring: _Ring, op: str, *, src_in_vmem: bool) -> Plan:
     """Reduce-scatter: ``dst`` gets the reduction over participants of their ``src[rank]``."""
-    check_op(op, axis)
-    algo = resolve_algorithm("reduce_scatter", axis, algorithm, chunk, dtype)
-    mode = check_sync(sync_mode, axis)
-    route_list = _device_routes(axis, algo, chunk, dtype)
-    if algo == "hierarchical":
+    axis, routes, mode = ring.axis, ring.routes, ring.mode
+    if ring.hierarchical:
         spec = hierarchical.scatter_scratch(
-            axis, route_list, chunk, dtype, mode, src_in_vmem=src_in_vmem
+            axis, routes, ring.chunk, ring.dtype, mode, src_in_vmem=src_in_vmem
         )
-        peers = _hier_peers(axis)
     else:
         spec = bi.scatter_scratch(
-            axis.size, route_list, chunk, dtype, mode, src_in_vmem=src_in_vmem
+            axis.size, routes, ring.chunk, ring.dtype, mode, src_in_vmem=src_in_vmem
         )
-        peers = _ring_peers(axis)
-    spec = spec + _local_sem()
 
     def run(scr: Scratch) -> None:
         src, dst = scr["@src"], scr["@dst"]
         if axis.size == 1:
-            _copy(src.at[0], dst, scr["local"])
-        elif algo == "hierarchical":
-            hierarchical.scatter(axis, route_list, src, dst, op, mode, scr, local=scr["local"])
+            local_copy(src.at[0], dst, scr["local"])
+        elif ring.hierarchical:
+            hierarchical.scatter(axis, routes, src, dst, op, mode, scr, local=scr["local"])
         else:
-            bi.scatter(axis, route_list, lambda k: src.at[k], dst, op, mode, scr)
+            bi.scatter(axis, routes, lambda k: src.at[k], dst, op, mode, scr)
 
-    return Plan(axis, algo, spec, peers, run)
+    return Plan(axis, ring.algorithm, spec + local_sem(), ring.peers, run)
 
 
-def plan_all_reduce(
-    axis: Axis,
-    chunk: Sequence[int],
-    dtype: Any,
-    op: str = "sum",
-    algorithm: str = "auto",
-    sync_mode: str = "per_step",
-    *,
-    src_in_vmem: bool = True,
-) -> Plan:
+def plan_all_reduce(ring: _Ring, op: str, *, src_in_vmem: bool) -> Plan:
     """All-reduce as reduce-scatter into ``dst[rank]`` then all-gather of ``dst``."""
-    rs = plan_reduce_scatter(axis, chunk, dtype, op, algorithm, sync_mode, src_in_vmem=src_in_vmem)
-    ag = plan_all_gather(axis, chunk, dtype, rs.algorithm, sync_mode)
-    spec = rs.spec.prefixed("rs.") + ag.spec.prefixed("ag.")
+    axis = ring.axis
+    rs = plan_reduce_scatter(ring, op, src_in_vmem=src_in_vmem)
+    spec = rs.spec.prefixed("rs.") + plan_all_gather(ring).spec.prefixed("ag.")
 
     def run(scr: Scratch) -> None:
         src, dst = scr["@src"], scr["@dst"]
         if axis.size == 1:
-            _copy(src, dst, scr["rs.local"])
+            local_copy(src, dst, scr["rs.local"])
             return
         rs.run(_with(scr.sub("rs."), src, dst.at[axis.rank()]))
-        gather = scr.sub("ag.")
-        if rs.algorithm == "hierarchical":
-            hierarchical.gather(
-                axis,
-                _device_routes(axis, "hierarchical", chunk, dtype),
-                dst,
-                check_sync(sync_mode, axis),
-                gather,
-            )
-        else:
-            bi.gather(
-                axis,
-                _device_routes(axis, rs.algorithm, chunk, dtype),
-                lambda k: dst.at[k],
-                check_sync(sync_mode, axis),
-                gather,
-            )
+        ring.gather(dst, scr.sub("ag."))
 
-    return Plan(axis, rs.algorithm, spec, rs.peers, run)
+    return Plan(axis, ring.algorithm, spec, rs.peers, run)
 
 
 def plan_all_to_all(axis: Axis, chunk: Sequence[int], dtype: Any, algorithm: str = "auto") -> Plan:
@@ -293,14 +278,17 @@ def make_plan(
     dst_in_vmem: bool,
 ) -> Plan:
     """The plan of one collective over ``ax``: what in-kernel collectives and array kernels run."""
-    if collective == "all_gather":
-        return plan_all_gather(ax, chunk, dtype, algorithm, sync_mode)
-    if collective == "reduce_scatter":
-        return plan_reduce_scatter(
-            ax, chunk, dtype, op, algorithm, sync_mode, src_in_vmem=src_in_vmem
-        )
-    if collective == "all_reduce":
-        return plan_all_reduce(ax, chunk, dtype, op, algorithm, sync_mode, src_in_vmem=src_in_vmem)
+    if collective in RING_OPS:
+        if collective != "all_gather":
+            check_op(op, ax)
+        # all_reduce checks its algorithm as the reduce-scatter it starts with
+        name = "reduce_scatter" if collective == "all_reduce" else collective
+        ring = _ring(name, ax, chunk, dtype, algorithm, sync_mode)
+        if collective == "all_gather":
+            return plan_all_gather(ring)
+        if collective == "reduce_scatter":
+            return plan_reduce_scatter(ring, op, src_in_vmem=src_in_vmem)
+        return plan_all_reduce(ring, op, src_in_vmem=src_in_vmem)
     if collective == "all_to_all":
         return plan_all_to_all(ax, chunk, dtype, algorithm)
     if collective == "ppermute":
