@@ -32,6 +32,10 @@ from coremesh.collectives.scratch import Scratch, ScratchSpec
 from coremesh.collectives.validate import Algorithm, Collective, Op, check_layout, check_receiver
 
 
+def _axis(axis: AxisName | Axis, core_axis: str) -> Axis:
+    return axis if isinstance(axis, Axis) else axes.in_kernel(axis, core_axis=core_axis)
+
+
 def scratch_for(
     collective: Collective | str,
     axis: AxisName | Axis,
@@ -54,7 +58,7 @@ def scratch_for(
     built (inside ``shard_map`` for device axes) with ``axis`` resolved by
     ``coremesh.collectives.axes.resolve``.
     """
-    ax = axis if isinstance(axis, Axis) else axes.in_kernel(axis, core_axis=core_axis)
+    ax = _axis(axis, core_axis)
     return make_plan(
         collective, ax, tuple(chunk), dtype, op, algorithm, sync, perm, src_in_vmem, dst_in_vmem
     ).spec
@@ -66,15 +70,15 @@ def _collective(
     dst: Any,
     axis: AxisName | Axis,
     core_axis: str,
-    *,
-    op: str = "sum",
-    algorithm: str = "auto",
-    sync_mode: str = "per_step",
-    perm: Sequence[tuple[int, int]] = (),
     scratch: Scratch | None,
     handshake: bool,
+    algorithm: str = "auto",
+    sync_mode: str = "per_step",
+    op: str = "sum",
+    perm: Sequence[tuple[int, int]] = (),
 ) -> None:
-    ax = axis if isinstance(axis, Axis) else axes.in_kernel(axis, core_axis=core_axis)
+    """The one body of every public collective: check the refs, plan, run the plan."""
+    ax = _axis(axis, core_axis)
     n = ax.size
     if collective == "all_gather":
         chunk = tuple(src.shape)
@@ -111,8 +115,7 @@ def barrier(
     core_axis: str = CORE_AXIS,
 ) -> None:
     """Wait until every participant of ``axis`` has reached this point (barrier semaphore)."""
-    ax = axis if isinstance(axis, Axis) else axes.in_kernel(axis, core_axis=core_axis)
-    plan_barrier(ax).execute(None, handshake=True)
+    plan_barrier(_axis(axis, core_axis)).execute(None, handshake=True)
 
 
 def ppermute(
@@ -127,9 +130,7 @@ def ppermute(
 ) -> None:
     """``dst`` of participant ``d`` gets ``src`` of ``s`` for every ``(s, d)`` in ``perm``;
     participants that receive nothing get zeros (``jax.lax.ppermute``)."""
-    _collective(
-        "ppermute", src, dst, axis, core_axis, perm=perm, scratch=scratch, handshake=handshake
-    )
+    _collective("ppermute", src, dst, axis, core_axis, scratch, handshake, perm=perm)
 
 
 def all_gather(
@@ -144,17 +145,7 @@ def all_gather(
     core_axis: str = CORE_AXIS,
 ) -> None:
     """``dst[k]`` gets ``src`` of participant ``k``."""
-    _collective(
-        "all_gather",
-        src,
-        dst,
-        axis,
-        core_axis,
-        algorithm=algorithm,
-        sync_mode=sync,
-        scratch=scratch,
-        handshake=handshake,
-    )
+    _collective("all_gather", src, dst, axis, core_axis, scratch, handshake, algorithm, sync)
 
 
 def reduce_scatter(
@@ -171,16 +162,7 @@ def reduce_scatter(
 ) -> None:
     """``dst`` gets ``op`` over participants ``i`` of ``src[rank]`` of ``i``."""
     _collective(
-        "reduce_scatter",
-        src,
-        dst,
-        axis,
-        core_axis,
-        op=op,
-        algorithm=algorithm,
-        sync_mode=sync,
-        scratch=scratch,
-        handshake=handshake,
+        "reduce_scatter", src, dst, axis, core_axis, scratch, handshake, algorithm, sync, op
     )
 
 
@@ -197,18 +179,7 @@ def all_reduce(
     core_axis: str = CORE_AXIS,
 ) -> None:
     """``dst`` gets ``op`` over participants of ``src`` (chunked ``(n, *c)``; no aliasing)."""
-    _collective(
-        "all_reduce",
-        src,
-        dst,
-        axis,
-        core_axis,
-        op=op,
-        algorithm=algorithm,
-        sync_mode=sync,
-        scratch=scratch,
-        handshake=handshake,
-    )
+    _collective("all_reduce", src, dst, axis, core_axis, scratch, handshake, algorithm, sync, op)
 
 
 def all_to_all(
@@ -221,4 +192,4 @@ def all_to_all(
     core_axis: str = CORE_AXIS,
 ) -> None:
     """``dst[i]`` gets ``src[rank]`` of participant ``i``."""
-    _collective("all_to_all", src, dst, axis, core_axis, scratch=scratch, handshake=handshake)
+    _collective("all_to_all", src, dst, axis, core_axis, scratch, handshake)
