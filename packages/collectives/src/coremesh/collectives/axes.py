@@ -8,12 +8,13 @@ A collective names its participants the way ``jax.lax`` does, by axis name:
   device with several TensorCores every core runs its own instance with the same-numbered core
   of the other devices, so both cores' DMA engines work;
 * ``("device", "core")``: every core of every device, one hierarchical axis whose index is
-  ``device * cores_per_device + core`` (the order of :class:`coremesh.core.DeviceCoreView`
-  and of ``jax.lax`` collectives over the axis tuple).
+  ``device * cores_per_device + core`` (the order of ``jax.lax`` collectives over the axis
+  tuple).
 
-:class:`Axis` is resolved and checked before anything is traced (array functions) or when a
-kernel body is traced (in-kernel blocks); its methods that take or return ranks are used inside
-kernel bodies, where ranks are traced integers.
+:class:`Axis` is the one device x core view of these participants. It is resolved and checked
+before anything is traced (array functions) or when a kernel body is traced (in-kernel
+collectives); its methods that take or return ranks are used inside kernel bodies, where ranks
+are traced integers.
 """
 
 from __future__ import annotations
