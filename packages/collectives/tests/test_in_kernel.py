@@ -24,6 +24,7 @@ from coremesh.collectives import in_kernel
 from coremesh.collectives.axes import resolve
 from coremesh.collectives.reference import lax_equivalent
 from coremesh.core import jax_compat
+from coremesh.testing.conformance.collectives import run_per_device
 from coremesh.testing.plugin import SliceFactory
 
 pytestmark = pytest.mark.sim
@@ -35,17 +36,6 @@ BAD_OP: Any = "prod"
 AXES: dict[str, Any] = {"device": "device", "core": "core", "hier": ("device", "core")}
 PARTICIPANTS = {"device": 4, "core": CORES, "hier": 4 * CORES}
 F = Callable[..., Any]
-
-
-def on_devices(per_device: Callable[[Any], Any], sim: Any, x: Any) -> np.ndarray:
-    f = jax.shard_map(
-        per_device,
-        mesh=sim.device_mesh(),
-        in_specs=jax.P("device"),
-        out_specs=jax.P("device"),
-        check_vma=False,
-    )
-    return np.asarray(sim.run(jax.jit(f), x))
 
 
 def test_the_guides_core_swap(operand: F, slice_target: SliceFactory) -> None:
@@ -76,7 +66,7 @@ def test_the_guides_core_swap(operand: F, slice_target: SliceFactory) -> None:
 
     x = operand((4 * R, 2 * L), "float32")
     with slice_target(chip="v5p", devices=4, races=True) as sim:
-        got = on_devices(per_device, sim, x)
+        got = run_per_device(sim, per_device, x)
     xs = np.asarray(x)
     np.testing.assert_array_equal(got, np.concatenate([xs[:, L:], xs[:, :L]], axis=1) * 2)
 
@@ -152,7 +142,7 @@ def test_collective_in_a_users_kernel(
 
     x = operand((4 * CORES, *src_shape), "float32", seed=8)
     with slice_target(chip="v5p", devices=4, dma_execution_mode="on_wait", races=True) as sim:
-        got = on_devices(per_device, sim, x)
+        got = run_per_device(sim, per_device, x)
     # jax.lax over participants: per core for the core axes; for the device axis each core is
     # its own participant set (core c of every device), i.e. a (device, core) mesh reduced
     # over "device" only.
@@ -196,7 +186,7 @@ def test_two_collectives_in_one_kernel(operand: F, slice_target: SliceFactory) -
 
     x = operand((4 * CORES, R, L), "float32", seed=9)
     with slice_target(chip="v5p", devices=4, dma_execution_mode="on_wait", races=True) as sim:
-        got = on_devices(per_device, sim, x)
+        got = run_per_device(sim, per_device, x)
     # Both cores of a device load the same operand, so the all-reduce over cores doubles it;
     # the all-gather then stacks every device's result on every device.
     doubled = CORES * np.asarray(x).reshape(4, CORES, R, L)

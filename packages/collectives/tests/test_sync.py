@@ -23,6 +23,7 @@ from jax.experimental.pallas import tpu as pltpu
 import coremesh.tensorcore as tc
 from coremesh.collectives import in_kernel, ring, sync
 from coremesh.collectives.axes import resolve
+from coremesh.testing.conformance.collectives import run_per_device
 from coremesh.testing.plugin import SliceFactory
 from coremesh.testing.sim import SimulationDeadlock, SimulationRaceError, simulate
 from coremesh.testing.sim.simulator import DmaMode
@@ -94,17 +95,6 @@ def scatter_kernel(cls: type[ring.ReduceScatterRing], mode: sync.Sync) -> Any:
     return per_device
 
 
-def run(per_device: Any, x: Any, sim: Any) -> np.ndarray:
-    f = jax.shard_map(
-        per_device,
-        mesh=sim.device_mesh(),
-        in_specs=jax.P("device"),
-        out_specs=jax.P("device"),
-        check_vma=False,
-    )
-    return np.asarray(sim.run(jax.jit(f), x))
-
-
 GATHER_X = jnp.arange(4 * R * L, dtype=jnp.float32).reshape(4 * R, L)
 
 GATHER_WANT = np.tile(np.asarray(GATHER_X).reshape(4, R, L), (4, 1, 1))
@@ -164,8 +154,8 @@ def test_one_semaphore_for_two_dmas_reads_data_that_has_not_arrived() -> None:
     x = jnp.arange(4 * R * L, dtype=jnp.float32).reshape(4 * R, L)
     want = np.roll(np.asarray(x).reshape(4, R, L), 1, axis=0)  # from the previous device
     with simulate(chip="v5e", devices=4, dma_execution_mode="on_wait") as sim:
-        wrong = run(two_in_flight(shared=True), x, sim).reshape(4, R, L)
-        right = run(two_in_flight(shared=False), x, sim).reshape(4, R, L)
+        wrong = run_per_device(sim, two_in_flight(shared=True), x).reshape(4, R, L)
+        right = run_per_device(sim, two_in_flight(shared=False), x).reshape(4, R, L)
     # on_wait runs pending DMAs last-in first-out: the second half lands first and satisfies
     # the wait for the first, whose rows are still uninitialised (NaN) when copied out.
     assert np.isnan(wrong[:, : R // 2]).all()
@@ -179,7 +169,7 @@ def test_gather_semaphores_per_step_or_credit_are_exact(
     mode: sync.Sync, dma: DmaMode, slice_target: SliceFactory
 ) -> None:
     with slice_target(chip="v5e", devices=4, dma_execution_mode=dma, races=True) as sim:
-        got = run(gather_kernel(ring.AllGatherRing, mode), GATHER_X, sim)
+        got = run_per_device(sim, gather_kernel(ring.AllGatherRing, mode), GATHER_X)
     np.testing.assert_array_equal(got, GATHER_WANT)
 
 
@@ -193,7 +183,7 @@ def test_reused_receive_slot_is_a_detected_race(dma: DmaMode) -> None:
         pytest.raises(SimulationRaceError, match="data race"),
         simulate(chip="v5e", devices=4, dma_execution_mode=dma, races=True) as sim,
     ):
-        run(scatter_kernel(ReusedScatter, "credit"), SCATTER_X, sim)
+        run_per_device(sim, scatter_kernel(ReusedScatter, "credit"), SCATTER_X)
 
 
 @pytest.mark.parametrize("mode", ["per_step", "credit"])
@@ -201,7 +191,7 @@ def test_scatter_slots_per_step_or_credit_are_exact(
     mode: sync.Sync, slice_target: SliceFactory
 ) -> None:
     with slice_target(chip="v5e", devices=4, dma_execution_mode="on_wait", races=True) as sim:
-        got = run(scatter_kernel(ring.ReduceScatterRing, mode), SCATTER_X, sim)
+        got = run_per_device(sim, scatter_kernel(ring.ReduceScatterRing, mode), SCATTER_X)
     np.testing.assert_array_equal(got, SCATTER_WANT)
 
 
@@ -230,7 +220,7 @@ def test_missing_peer_is_a_deadlock_not_a_hang() -> None:
         pytest.raises(SimulationDeadlock, match="barrier semaphore") as err,
         simulate(chip="v5e", devices=4, deadline=3) as sim,
     ):
-        run(per_device, GATHER_X, sim)
+        run_per_device(sim, per_device, GATHER_X)
     # The error names a waiting device and lists the others; device 0 never waits.
     assert err.value.device in (1, 2, 3)
     waiting = [err.value.device, *(int(b.split()[1].rstrip(",")) for b in err.value.blocked)]

@@ -86,8 +86,11 @@ def _lax(ref: LaxFn, x: np.ndarray, target: Any, kind: str) -> np.ndarray:
     return out.reshape(-1, *out.shape[3:])
 
 
-def _run(target: Any, fn: Fn, x: np.ndarray) -> np.ndarray:
-    """``fn`` on each device's share of ``x`` (``shard_map`` over the target's devices)."""
+def run_per_device(target: Any, fn: Fn, x: Any) -> np.ndarray:
+    """``fn`` on each device's share of ``x`` (``shard_map`` over the target's devices).
+
+    Shared with the collectives' own tests, which run their kernels the same way.
+    """
     import jax
 
     f = jax.shard_map(
@@ -132,7 +135,7 @@ class CollectivesSuite(_Fixtures):
         seed: int = 0,
     ) -> None:
         x = _operand(target, kind, shape, seed)
-        got, want = _run(target, fn, x), _lax(ref, x, target, kind)
+        got, want = run_per_device(target, fn, x), _lax(ref, x, target, kind)
         assert got.shape == want.shape, f"{what}: shape {got.shape}, jax.lax gives {want.shape}"
         np.testing.assert_array_equal(got, want, err_msg=what)
 
@@ -226,7 +229,7 @@ class CollectivesSuite(_Fixtures):
         )
         # jax.lax.ppermute under vmap takes only full permutations: this one's meaning by hand.
         x = _operand(target, kind, (6, 5, 40), seed=6)
-        got = _run(target, collective("ppermute", AXES[kind], perm=[(n - 1, 0)]), x)
+        got = run_per_device(target, collective("ppermute", AXES[kind], perm=[(n - 1, 0)]), x)
         groups, _ = _participants(target, kind)
         xs = x.reshape(groups, n, -1, *x.shape[1:])
         want = np.zeros_like(xs)
