@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,7 +12,6 @@ import numpy as np
 import pytest
 
 import coremesh.tensorcore as tc
-from coremesh.tensorcore.ops import gather_blocks as gather_module
 from coremesh.testing.plugin import SliceFactory
 
 
@@ -34,6 +34,8 @@ def test_window_rounds_tail_and_uneven_core_shares(
 ) -> None:
     # A window of 3: 11 or 12 blocks per core run 3 up front, 2 full rounds and a tail of 2
     # or 3, and an odd count per device leaves one core an extra block on v5p.
+    # The module, not the function of the same name that coremesh.tensorcore.ops exports.
+    gather_module = importlib.import_module("coremesh.tensorcore.ops.gather_blocks")
     monkeypatch.setattr(gather_module, "IN_FLIGHT", 3)
     x = np.random.default_rng(1).standard_normal((80, 256)).astype(np.float32)
     n = 23 * target.num_devices
