@@ -10,7 +10,9 @@ time and the per-device memory figures, or the reason it did not compile as a co
 * ``failed``: libtpu's compiler (or Mosaic) rejected it; the error keeps the compiler's text and
   says what to change (see ``diagnose``).
 
-Everything runs in this process: one compile takes 0.05-0.8 s and libtpu stays loaded.
+Everything runs in this process (one compile takes 0.05-0.8 s and libtpu stays loaded), but for a
+program that takes its mesh from context and was already built here for another chip's mesh: that
+one compiles in a fresh process (``compile_child``), as its ``jax.shard_map`` keeps its first mesh.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from coremesh.core.chips import Chip, get_chip
 from coremesh.core.errors import CoremeshError, UnsupportedOnChipError
 from coremesh.testing.aot import versions
 from coremesh.testing.aot.diagnose import explain
-from coremesh.testing.aot.program import program_name, uses_sparsecore
+from coremesh.testing.aot.program import bound_to_other_mesh, program_name, uses_sparsecore
 from coremesh.testing.aot.topology import CompileTarget, topology_for
 from coremesh.testing.aot.validate import (
     argument_structs,
@@ -173,19 +175,15 @@ def compile_on(
     versions.require_compiler()
     spec = target.spec
     chip = target.chip
+    if bound_to_other_mesh(program, target.mesh):
+        from coremesh.testing.aot.compile_child import compile_in_child
+
+        return compile_in_child(
+            program, target, prevalidate=prevalidate, compiler_options=compiler_options
+        )
 
     def result(status: Status, **figures: Any) -> CompileResult:
-        return CompileResult(
-            program=program_name(program),
-            chip=chip.name,
-            topology=spec.name,
-            mode=spec.mode,
-            num_devices=spec.num_devices,
-            cores_per_device=spec.cores_per_device,
-            expected=expected_status(program, chip),
-            status=status,
-            **figures,
-        )
+        return result_for(program, target, status, **figures)
 
     t0 = time.perf_counter()
     try:
@@ -222,6 +220,24 @@ def compile_on(
         memory=MemoryFigures.from_compiled(compiled),
         flops=_flops(compiled),
         compiled=compiled if keep_executable else None,
+    )
+
+
+def result_for(
+    program: Any, target: CompileTarget, status: Status, **figures: Any
+) -> CompileResult:
+    """A result of ``program`` on ``target`` with ``status`` and the given figures."""
+    spec = target.spec
+    return CompileResult(
+        program=program_name(program),
+        chip=spec.chip.name,
+        topology=spec.name,
+        mode=spec.mode,
+        num_devices=spec.num_devices,
+        cores_per_device=spec.cores_per_device,
+        expected=expected_status(program, spec.chip),
+        status=status,
+        **figures,
     )
 
 

@@ -18,13 +18,16 @@ with plain ``jax.numpy``, for the cycle comparison), ``work(num_devices)`` (a ``
 roofline) and ``declared(num_devices)`` (a ``Declared`` listing blocks and scratch to validate
 before tracing).
 
-``FunctionProgram`` builds one from functions; ``jitted_program`` wraps a jitted function that takes
-its mesh from context (``jax.shard_map`` without ``mesh=``). ``as_programs`` turns what a
-``MODULE:ATTR`` reference names into programs (see ``load``).
+``FunctionProgram`` builds one from functions; ``jitted_program`` wraps a function, jitted or not,
+that takes its mesh from context (``jax.shard_map`` without ``mesh=``): a ``ContextMeshProgram``,
+which one process compiles for one chip's mesh only (the shard_map keeps the first mesh it is
+traced under), so the compile matrix builds it for any other chip in a fresh process.
+``as_programs`` turns what a ``MODULE:ATTR`` reference names into programs (see ``load``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.util
@@ -32,6 +35,7 @@ import inspect
 import os
 import re
 import sys
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -115,6 +119,49 @@ class FunctionProgram:
         return None if self.declared_fn is None else self.declared_fn(num_devices)
 
 
+@dataclasses.dataclass(frozen=True)
+class ContextMeshProgram(FunctionProgram):
+    """A function that takes its device mesh from context, jitted afresh for each chip.
+
+    ``fn`` is the Python function under the jit (a ``jax.shard_map`` without ``mesh=``, often).
+    Such a shard_map keeps the first mesh it is traced under, so one process can compile ``fn``
+    for one chip's mesh only; ``source`` (where ``fn`` is defined) lets another process rebuild it
+    for the next chip (see ``bound_to_other_mesh``).
+    """
+
+    fn: Callable[..., Any] | None = None
+    source: ProgramRef | None = None
+
+    def build(self, mesh: Any) -> Callable[..., Any]:
+        if self.fn is not None:
+            _remember_mesh(self.fn, mesh)
+        return self.builder(mesh)
+
+
+#: The abstract mesh each context-mesh function was first built for in this process.
+_FIRST_MESH: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def _remember_mesh(fn: Callable[..., Any], mesh: Any) -> None:
+    with contextlib.suppress(TypeError):  # a callable that takes no weak reference
+        _FIRST_MESH.setdefault(fn, mesh.abstract_mesh)
+
+
+def bound_to_other_mesh(program: Any, mesh: Any) -> bool:
+    """True when ``program`` takes its mesh from context and this process already built it for
+    another device mesh: ``jax.shard_map`` without ``mesh=`` keeps the first mesh it was traced
+    under (on every jax line coremesh supports), so compiling it here would fail or build the
+    wrong chip. ``compile_on`` compiles such a program in a fresh process instead."""
+    fn = getattr(program, "fn", None) if isinstance(program, ContextMeshProgram) else None
+    if fn is None:
+        return False
+    try:
+        first = _FIRST_MESH.get(fn)
+    except TypeError:
+        return False
+    return first is not None and first != mesh.abstract_mesh
+
+
 def jitted_program(
     fn: Callable[..., Any],
     args: ArgsLike,
@@ -122,30 +169,37 @@ def jitted_program(
     name: str | None = None,
     uses_sparsecore: bool = False,
     xla_reference: Any = None,
-) -> FunctionProgram:
+    source: ProgramRef | None = None,
+) -> ContextMeshProgram:
     """A program from a function that takes its device mesh from context.
 
     ``fn`` is traced inside ``jax.set_mesh(<the chip's device mesh>)``, so ``jax.shard_map``
     without ``mesh=`` and a TensorCore mesh of the default core count build for the chip being
-    compiled.
-    Each chip gets a fresh ``jax.jit`` of ``fn`` (of the function a jitted ``fn`` wraps): jit's
-    trace cache does not tell one chip's context mesh from another's of the same shape, so a
-    reused jitted object would compile the first chip's trace everywhere. Jit options such as
-    ``static_argnums`` are not carried over; give a ``FunctionProgram`` builder to keep them.
+    compiled. ``fn`` may be jitted or not; each chip gets a fresh ``jax.jit`` of the function a
+    jitted ``fn`` wraps (only the jit is taken off, never the ``shard_map`` under it): jit's trace
+    cache does not tell one chip's context mesh from another's of the same shape. Jit options
+    such as ``static_argnums`` are not carried over; give a ``FunctionProgram`` builder to keep
+    them. ``source`` says where ``fn`` is defined (``load`` sets it); without it the compile
+    matrix looks for the program at module level when a second chip needs a fresh process.
     """
-    python_fn = inspect.unwrap(fn) if hasattr(fn, "lower") else fn
+    python_fn: Callable[..., Any] = fn
+    wrapped = getattr(fn, "__wrapped__", None)
+    if hasattr(fn, "lower") and callable(wrapped):
+        python_fn = wrapped  # the jit's own function, with its shard_map
 
     def build(_mesh: Any) -> Callable[..., Any]:
         import jax
 
         return jax.jit(python_fn)  # type: ignore[no-any-return]
 
-    return FunctionProgram(
+    return ContextMeshProgram(
         name=name or str(getattr(fn, "__name__", "program")),
         builder=build,
         args=args,
         uses_sparsecore=uses_sparsecore,
         xla_reference=xla_reference,
+        fn=python_fn,
+        source=source,
     )
 
 
@@ -179,28 +233,46 @@ class ProgramError(CoremeshError, TypeError):
     """Something named as a program is not one, or cannot be found."""
 
 
-def as_programs(obj: Any, *, what: str = "object") -> list[Any]:
+def as_programs(obj: Any, *, what: str = "object", source: ProgramRef | None = None) -> list[Any]:
     """Programs from ``obj``: a program, a mapping or sequence of them, a ``(fn, args)`` pair
     (see ``jitted_program``), or a function with no required parameters returning any of these.
+    ``source`` is the reference ``obj`` was found at, kept by the pairs so that another process
+    can rebuild them (an entry of a mapping ``source`` names directly is keyed: ``NAME[key]``).
     """
+    return _programs(obj, what, source, direct=True)
+
+
+def _programs(obj: Any, what: str, source: ProgramRef | None, *, direct: bool) -> list[Any]:
     if is_program(obj):
         return [obj]
     if isinstance(obj, Mapping):
-        return [p for v in obj.values() for p in as_programs(v, what=what)]
+        return [
+            p
+            for k, v in obj.items()
+            for p in _programs(v, what, _entry(source, k) if direct else source, direct=False)
+        ]
     if isinstance(obj, tuple) and len(obj) == 2 and callable(obj[0]) and not is_program(obj[0]):
         fn, args = obj
-        return [jitted_program(fn, _as_args(args), name=getattr(fn, "__name__", what))]
+        name = getattr(fn, "__name__", what)
+        return [jitted_program(fn, _as_args(args), name=name, source=source)]
     if isinstance(obj, Iterable) and not isinstance(obj, str | bytes):
-        return [p for v in obj for p in as_programs(v, what=what)]
+        return [p for v in obj for p in _programs(v, what, source, direct=False)]
     if callable(obj) and _no_required_params(obj):
-        return as_programs(obj(), what=what)
+        return _programs(obj(), what, source, direct=False)
     raise ProgramError(
         f"{what} is not a program: {type(obj).__name__}",
         rule="a program has build(mesh), arg_specs(num_devices) and in_specs(); a reference may "
-        "also name a mapping or list of programs, a (jitted_fn, args) pair, or a function with "
+        "also name a mapping or list of programs, a (fn, args) pair, or a function with "
         "no required parameters that returns one of these",
         fix="see coremesh.testing.aot.program for the accepted forms",
     )
+
+
+def _entry(source: ProgramRef | None, key: object) -> ProgramRef | None:
+    """The reference of one entry of the mapping at ``source`` (``source`` if it has a key)."""
+    if source is None or source.key is not None or not isinstance(key, str):
+        return source
+    return dataclasses.replace(source, key=key)
 
 
 def _as_args(args: Any) -> list[Arg]:
@@ -341,10 +413,9 @@ def _import(ref: ProgramRef) -> ModuleType:
     if ref.module in sys.modules:
         return sys.modules[ref.module]
     if not os.path.isfile(ref.file):
-        raise ProgramError(
-            f"{ref.where}: no such file",
+        raise ProgramError(  # no fix line: the path it looked for is the whole story
+            f"{ref.where}: no such file (looked for {ref.file})",
             rule="a file reference names a Python source file",
-            fix=f"check the path (looked for {ref.file})",
         )
     try:
         return importlib.import_module(ref.module)
@@ -384,7 +455,7 @@ def _import(ref: ProgramRef) -> ModuleType:
 def load(text: str) -> list[Any]:
     """The programs a reference string names (``MODULE:ATTR``, ``...[KEY]``, ``FILE.py:ATTR``)."""
     ref = ProgramRef.parse(text)
-    return as_programs(ref.resolve(), what=str(ref))
+    return as_programs(ref.resolve(), what=str(ref), source=ref)
 
 
 def reference_of(program: Any) -> ProgramRef | None:
@@ -396,9 +467,12 @@ def reference_of(program: Any) -> ProgramRef | None:
     explicit = getattr(program, "__coremesh_ref__", None)
     if isinstance(explicit, str):
         return ProgramRef.parse(explicit)
+    source = getattr(program, "source", None)
+    if isinstance(source, ProgramRef):
+        return source
     candidates = [type(program).__module__]
     builder = getattr(program, "builder", None)
-    for fn in (builder, getattr(program, "build", None)):
+    for fn in (builder, getattr(program, "build", None), getattr(program, "fn", None)):
         mod = getattr(fn, "__module__", None)
         if mod:
             candidates.insert(0, mod)
