@@ -104,7 +104,6 @@ BAD_FILE = "import jax\nPROGRAM = (\n"
 @pytest.mark.parametrize(
     ("ref", "first", "second"),
     [
-        ("nowhere.py:PROGRAM", "coremesh check: nowhere.py: no such file", "fix: check the path"),
         (
             "no_such_module_xyz:PROGRAM",
             "coremesh check: cannot import no_such_module_xyz",
@@ -137,6 +136,68 @@ def test_usage_errors_are_two_lines_in_the_users_own_names(
     assert lines[0].startswith(first), lines
     assert second in lines[1], lines
     assert "_coremesh_aot_file" not in "".join(lines)
+
+
+@pytest.mark.parametrize("command", ["check", "profile"])
+def test_a_missing_file_is_one_line(
+    command: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main([command, "nowhere.py:PROGRAM"]) == 2
+    err = capsys.readouterr().err
+    looked = tmp_path / "nowhere.py"
+    assert err == f"coremesh {command}: nowhere.py: no such file (looked for {looked})\n"
+
+
+PSUM_FILE = """
+import jax
+import jax.numpy as jnp
+from coremesh.testing.aot import Arg
+
+ROWS = jax.P("device", None)
+
+
+def total(x):
+    return jax.lax.psum(x, "device")
+
+
+ARGS = [Arg((64, 128), jnp.float32, ROWS)]
+PSUM = (jax.jit(jax.shard_map(total, in_specs=ROWS, out_specs=jax.P())), ARGS)
+"""
+
+
+def test_check_a_jitted_psum_pair_on_two_chips(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A pure-XLA psum over the device axis: unbound if the pair lost its shard_map, and built for
+    # the first chip only if the shard_map kept that chip's mesh.
+    path = tmp_path / "psum_pair.py"
+    path.write_text(PSUM_FILE)
+    assert main(["check", f"{path}:PSUM", "--chips", "v5p,v6e", "--json", "-", "-q"]) == 0
+    entries = json.loads(capsys.readouterr().out)["compile"]
+    assert [(d["program"], d["chip"], d["status"]) for d in entries] == [
+        ("total", "v5p", "ok"),
+        ("total", "v6e", "ok"),
+    ]
+    # Each device holds its 16 rows and gets the 16-row sum back.
+    assert [d["memory"]["argument_bytes"] for d in entries] == [16 * 128 * 4] * 2
+    assert [d["memory"]["output_bytes"] for d in entries] == [16 * 128 * 4] * 2
+
+
+def test_profile_says_when_a_program_has_no_xla_reference(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "psum_profile.py"
+    path.write_text(PSUM_FILE)
+    assert main(["profile", f"{path}:PSUM", "--chips", "v5p", "-q", "--format", "markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "- total: no XLA reference, so no XLA figures" in out
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in out.splitlines()]
+    (row,) = [r for r in rows if r[:2] == ["total", "v5p"]]
+    assert row[2] not in ("", "FAIL") and row[4:6] == ["", ""]  # kernel cycles; no XLA ones
+    # With --no-xla nothing is missing, so nothing is said.
+    assert main(["profile", f"{path}:PSUM", "--chips", "v5p", "-q", "--no-xla"]) == 0
+    assert "no XLA reference" not in capsys.readouterr().out
 
 
 def test_profile_prints_cycles_roofline_and_ratio(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,15 +12,17 @@
 * a program: anything with ``build(mesh)``, ``arg_specs(num_devices)`` and ``in_specs()``, like the
   guide's ``coremesh.testing.guide:PROGRAMS[add_one]`` (see ``coremesh.testing.aot.program``);
 * a dict or list of programs (``coremesh.testing.guide:PROGRAMS`` checks all five);
-* a ``(jitted_fn, args)`` pair, where ``args`` are ``coremesh.testing.aot.Arg(shape, dtype, spec)``
-  or ``jax.ShapeDtypeStruct`` and ``jitted_fn`` takes its mesh from context (``jax.shard_map``
-  without ``mesh=``);
+* a ``(fn, args)`` pair, where ``args`` are ``coremesh.testing.aot.Arg(shape, dtype, spec)`` or
+  ``jax.ShapeDtypeStruct`` and ``fn``, jitted or not, takes its mesh from context (``jax.shard_map``
+  without ``mesh=``, a Pallas kernel inside it); each chip after the first compiles in a fresh
+  process, since such a shard_map keeps the first mesh it is traced under;
 * a function with no required parameters returning any of these.
 
 Results go to stdout (a table, or JSON with ``--json -``); progress goes to stderr. ``check`` exits
 with 1 when a program does not compile where it should (or compiles where it should not), 2 on a
-usage error. ``aot-all`` checks the guide's programs and every program registered in the
-``coremesh.programs`` entry-point group.
+usage error (a missing file, module or attribute). ``profile`` names the programs that have no
+``xla_reference`` to compare with. ``aot-all`` checks the guide's programs and every program
+registered in the ``coremesh.programs`` entry-point group.
 """
 
 from __future__ import annotations
@@ -43,9 +45,9 @@ or ...:NAME[key] for one entry of a dict. The object may be
   - a program (build(mesh), arg_specs(num_devices), in_specs()), e.g.
     coremesh.testing.guide:PROGRAMS[add_one];
   - a dict or list of programs, e.g. coremesh.testing.guide:PROGRAMS;
-  - a (jitted_fn, args) pair: args are coremesh.testing.aot.Arg(shape, dtype, spec) or
-    jax.ShapeDtypeStruct, and jitted_fn takes its mesh from context (jax.shard_map
-    without mesh=);
+  - a (fn, args) pair: args are coremesh.testing.aot.Arg(shape, dtype, spec) or
+    jax.ShapeDtypeStruct, and fn, jitted or not, takes its mesh from context
+    (jax.shard_map without mesh=);
   - a function with no required parameters returning any of these.
 """
 
@@ -60,7 +62,7 @@ def _chips(text: str) -> list[str]:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with coremesh's usage errors: two lines on stderr, exit status 2."""
+    """argparse with coremesh's usage errors: two lines at most on stderr, exit status 2."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: {message}\n(see '{self.prog} --help')\n")
@@ -299,13 +301,15 @@ def _aot_all(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
 
 def _profile(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     from coremesh.testing.aot import DEFAULT_CHIPS, cycles_table, profile, to_json
-    from coremesh.testing.aot.program import ProgramRef
+    from coremesh.testing.aot.program import ProgramRef, program_name, xla_reference
 
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    programs = []
     for ref in args.refs:  # fail fast on a reference that does not resolve
-        _load_all([ref])
+        programs += _load_all([ref])
         ProgramRef.parse(ref)
+    without_xla = [] if args.no_xla else [program_name(p) for p in programs if not xla_reference(p)]
     results = profile(
         list(args.refs),
         args.chips or DEFAULT_CHIPS,
@@ -316,8 +320,9 @@ def _profile(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         timeout_s=args.timeout,
         progress=_progress(stderr, args.quiet),
     )
-    if not _write_json(args.json, to_json(cycle_results=results), stdout):
-        stdout.write(cycles_table(results, args.format) + "\n")
+    doc = to_json(cycle_results=results, no_xla_reference=without_xla)
+    if not _write_json(args.json, doc, stdout):
+        stdout.write(cycles_table(results, args.format, no_xla_reference=without_xla) + "\n")
     bad = ("error", "timeout", "aborted", "failed", "invalid")
     broken = [r for r in results if r.status in bad]
     return EXIT_FAILED if broken else EXIT_OK

@@ -116,9 +116,15 @@ def _cycles_cell(r: CycleEstimate | None) -> str:
     return _SHORT.get(r.status, "FAIL")
 
 
-def cycles_table(results: Sequence[CycleEstimate], fmt: Format = "markdown") -> str:
+def cycles_table(
+    results: Sequence[CycleEstimate],
+    fmt: Format = "markdown",
+    *,
+    no_xla_reference: Sequence[str] = (),
+) -> str:
     """One row per program and chip: the kernel's cycles and time, XLA's, the roofline bound and
-    the ratios; notes (no estimate, aborts, errors) follow."""
+    the ratios; notes (no estimate, aborts, errors, and the ``no_xla_reference`` programs, whose
+    XLA cells are empty for want of one) follow."""
     chips = chips_in(results)
     order = {c: i for i, c in enumerate(chips)}
     kernel = {(r.program, r.chip): r for r in results if r.variant == "kernel"}
@@ -181,6 +187,11 @@ def cycles_table(results: Sequence[CycleEstimate], fmt: Format = "markdown") -> 
     if made_by:
         runs = "; ".join(f"libtpu {lt} with jax {jx}" for lt, jx in made_by)
         out += ["", f"Estimated by {runs}."]
+    notes += [
+        f"- {name}: no XLA reference, so no XLA figures (give the program an xla_reference: the "
+        "same computation in plain jax.numpy)"
+        for name in dict.fromkeys(no_xla_reference)
+    ]
     if notes:
         out += ["", *notes]
     return "\n".join(out)
