@@ -184,6 +184,21 @@ def test_file_references_load_the_module_from_its_path(tmp_path: Any) -> None:
     assert isinstance(p, FunctionProgram) and p.name == "blocks"
 
 
+def test_a_key_picks_a_program_from_a_function_returning_a_list(tmp_path: Any) -> None:
+    # `coremesh.programs` entry points name such functions; the profiler's children look each
+    # program up by key, so `coremesh profile pkg.programs:programs` needs this.
+    path = tmp_path / "listed.py"
+    path.write_text(
+        "from coremesh.testing.aot import samples\n"
+        "def programs():\n"
+        "    return [samples.add_one(name='one'), samples.add_one(block=(256, 512), name='two')]\n"
+    )
+    (p,) = load(f"{path}:programs[two]")
+    assert isinstance(p, FunctionProgram) and p.name == "two"
+    with pytest.raises(ProgramError, match="no program named 'three'"):
+        load(f"{path}:programs[three]")
+
+
 @pytest.mark.parametrize(
     ("text", "match"),
     [

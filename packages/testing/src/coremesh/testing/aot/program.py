@@ -372,6 +372,8 @@ class ProgramRef:
             obj = getattr(obj, part)
         if self.key is None:
             return obj
+        if callable(obj) and not is_program(obj) and _no_required_params(obj):
+            obj = obj()  # a function returning the collection (as `coremesh.programs` names)
         if isinstance(obj, Mapping):
             if self.key not in obj:
                 raise ProgramError(
