@@ -75,7 +75,7 @@ class TensorCoreKernelSuite(_Fixtures):
             lambda *refs: None, out_type=jax.ShapeDtypeStruct((8, 128), jnp.float32), mesh=mesh
         )
         assert isinstance(k, cc.Kernel)
-        assert k.spec.mesh is mesh
+        assert k.spec.meshes == (mesh,)
         assert cc.num_cores(mesh) == target.cores_per_device
         assert mesh.kind in cc.backend_for(mesh.kind).core_kinds
 
