@@ -193,3 +193,25 @@ def test_function_program_args_may_depend_on_the_device_count() -> None:
     structs = argument_structs(p, 4)
     assert [tuple(s.shape) for s, _ in structs] == [(32, 128)]
     assert structs[0][1] == jax.P()
+
+
+def test_tensorcore_scratch_is_counted_padded_and_sparsecore_scratch_raw() -> None:
+    # The kernel check and this check count scratch alike (core.capacity). (2, 130) float32 is
+    # one (8, 256) tile block on a TensorCore; SparseCore subcore memory has no such tiles.
+    from coremesh.core.chips import get_chip
+    from coremesh.testing.aot.validate import check_declared
+
+    v5p = get_chip("v5p")
+    cap = v5p.sparsecore.vmem_bytes_per_subcore if v5p.sparsecore else 0
+    # Raw, a (2, cap / 8) int32 buffer fills a subcore's VMEM exactly: accepted.
+    fits = Declared(scratch=[Scratch((2, cap // 8), jnp.int32, "sparsecore_vmem")])
+    check_declared(fits, v5p)
+    over = Declared(scratch=[Scratch((2, cap // 8 + 1), jnp.int32, "sparsecore_vmem")])
+    with pytest.raises(CapacityError, match="SparseCore VMEM"):
+        check_declared(over, v5p)
+    # On a TensorCore 2 rows pad to 8: a quarter of the scoped limit, plus one lane tile, raw
+    # (4 MiB) is just over the limit padded.
+    cols = v5p.scoped_vmem_default_bytes // 32 + 128
+    rows2 = Declared(scratch=[Scratch((2, cols), jnp.float32)])
+    with pytest.raises(CapacityError, match="VMEM"):
+        check_declared(rows2, v5p)
