@@ -30,13 +30,13 @@ def compared(
     version to estimate beside it; ``program`` goes to ``FunctionProgram`` (``work_fn``, ...)."""
     import jax
 
-    from coremesh.testing.aot import jitted_program
+    from coremesh.testing.aot import target_program
 
     return FunctionProgram(
         name=name,
         builder=lambda _mesh: jax.jit(kernel),
         args=args,
-        xla_reference=jitted_program(reference, args, name=f"{name}[xla]"),
+        xla_reference=target_program(reference, args, name=f"{name}[xla]"),
         **program,
     )
 

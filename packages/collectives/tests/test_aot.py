@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import pytest
 
 from coremesh.collectives.reference import collective, shift
-from coremesh.testing.aot import Arg, CompileTarget, compile_on, jitted_program
+from coremesh.testing.aot import Arg, CompileTarget, compile_on, target_program
 
 pytestmark = pytest.mark.aot
 
@@ -61,7 +61,7 @@ def program(op: str, kind: str, algo: str, cores: int, dtype: Any = jnp.float32)
         kw.update(split_axis=0, concat_axis=1, tiled=True)
     fn: Callable[[Any], Any] = collective(op, AXES[kind], **kw)
     args = [Arg((4 * rows, per_participant[1]), dtype, jax.P("device"))]
-    return jitted_program(fn, args, name=f"{op}-{kind}-{algo}")
+    return target_program(fn, args, name=f"{op}-{kind}-{algo}")
 
 
 @pytest.mark.parametrize("chip", CHIPS)

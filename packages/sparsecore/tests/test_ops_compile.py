@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 import coremesh.core as cc
 import coremesh.sparsecore as sc
 from coremesh.sparsecore.programs import programs
-from coremesh.testing.aot import Arg, compile_matrix, jitted_program
+from coremesh.testing.aot import Arg, compile_matrix, target_program
 
 
 def _mpmd(x: Any) -> Any:
@@ -41,7 +41,10 @@ def _mpmd(x: Any) -> Any:
         out_type=jax.ShapeDtypeStruct((vm.num_workers * lanes,), jnp.int32),
         mesh=[vm, sm],
     )
-    return jax.shard_map(k, in_specs=P("device"), out_specs=P("device"), check_vma=False)(x)
+    devices = cc.current_target().device_mesh()
+    return jax.shard_map(
+        k, mesh=devices, in_specs=P("device"), out_specs=P("device"), check_vma=False
+    )(x)
 
 
 @pytest.mark.aot
@@ -49,7 +52,7 @@ def test_mpmd_vector_and_scalar_subcores_compile() -> None:
     def args(n: int) -> list[Arg]:
         return [Arg((n * 64 * 16,), jnp.int32, P("device"))]
 
-    prog = jitted_program(_mpmd, args, name="mpmd", uses_sparsecore=True)
+    prog = target_program(_mpmd, args, name="mpmd", uses_sparsecore=True)
     results = compile_matrix([prog], ["v5p", "v6e", "TPU7x"])
     assert [r.status for r in results] == ["ok"] * 3, [str(r.error) for r in results]
 
@@ -70,7 +73,7 @@ def test_split_mode_needs_the_split_sparsecore_count() -> None:
         return [Arg((256, 128), jnp.float32), Arg((64 * n,), jnp.int32, P("device"))]
 
     ok, wrong = (
-        jitted_program(gather_with(c), args, name=f"g{c}", uses_sparsecore=True) for c in (None, 2)
+        target_program(gather_with(c), args, name=f"g{c}", uses_sparsecore=True) for c in (None, 2)
     )
     good, bad = compile_matrix([ok, wrong], ["v5p"], mode="split")
     assert good.ok, good.error

@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 import coremesh.core as cc
 from coremesh.tensorcore.ops.matmul import matmul
 from coremesh.tensorcore.programs import programs
-from coremesh.testing.aot import Arg, compile_matrix, jitted_program, profile
+from coremesh.testing.aot import Arg, compile_matrix, profile, target_program
 
 ROWS = P("device", None)
 
@@ -39,8 +39,8 @@ def _bench_matmul_args(n: int) -> list[Any]:
 
 #: The benchmark's matmul with the op's own limit and with a raised one (for profile() below).
 LIMITS = {
-    "default": jitted_program(matmul, _bench_matmul_args, name="default"),
-    "raised_40mib": jitted_program(
+    "default": target_program(matmul, _bench_matmul_args, name="default"),
+    "raised_40mib": target_program(
         lambda a, b: matmul(a, b, vmem_limit_bytes=40 << 20), _bench_matmul_args, name="raised"
     ),
 }
@@ -52,7 +52,7 @@ UNPINNED = textwrap.dedent(
     from jax.sharding import PartitionSpec as P
     from coremesh.tensorcore import backend
     from coremesh.tensorcore.ops.matmul import matmul
-    from coremesh.testing.aot import Arg, jitted_program
+    from coremesh.testing.aot import Arg, target_program
 
     backend.PIN_BYTES = 1 << 62  # operands left anywhere, as a bare pl.kernel leaves them
 
@@ -60,7 +60,7 @@ UNPINNED = textwrap.dedent(
         return [Arg((2048 * n, 2048), jnp.bfloat16, P("device", None)),
                 Arg((2048, 2048), jnp.bfloat16)]
 
-    RAISED = jitted_program(lambda a, b: matmul(a, b, vmem_limit_bytes=40 << 20), args,
+    RAISED = target_program(lambda a, b: matmul(a, b, vmem_limit_bytes=40 << 20), args,
                             name="unpinned_raised")
     """
 )

@@ -18,7 +18,7 @@ def programs() -> list[Any]:
     import jax.numpy as jnp
 
     from coremesh.collectives.reference import collective, shift
-    from coremesh.testing.aot import Arg, jitted_program
+    from coremesh.testing.aot import Arg, target_program
 
     rows = 32 * DEVICES  # whole (8, 128) tiles for every share, both ring directions
     out = []
@@ -28,7 +28,7 @@ def programs() -> list[Any]:
             if op != "all_reduce":
                 kw["tiled"] = True
             out.append(
-                jitted_program(
+                target_program(
                     collective(op, "device", **kw),
                     lambda n: [Arg((rows * n, 256), jnp.float32, jax.P("device"))],
                     name=f"collectives.{op}.{algorithm}",
@@ -40,7 +40,7 @@ def programs() -> list[Any]:
     }
     for op, kw in direct.items():
         out.append(
-            jitted_program(
+            target_program(
                 collective(op, "device", **kw),
                 lambda n: [Arg((8 * DEVICES * n, 256), jnp.float32, jax.P("device"))],
                 name=f"collectives.{op}",

@@ -19,13 +19,13 @@ def programs() -> list[Any]:
     from jax.sharding import PartitionSpec as P
 
     from coremesh.sparsecore import ops
-    from coremesh.testing.aot import Arg, jitted_program
+    from coremesh.testing.aot import Arg, target_program
 
     def program(
         name: str, kernel: Callable[..., Any], reference: Callable[..., Any], args: Any
     ) -> Any:
-        xla = jitted_program(reference, args, name=f"sparsecore.{name}[xla]")
-        return jitted_program(
+        xla = target_program(reference, args, name=f"sparsecore.{name}[xla]")
+        return target_program(
             kernel, args, name=f"sparsecore.{name}", uses_sparsecore=True, xla_reference=xla
         )
 

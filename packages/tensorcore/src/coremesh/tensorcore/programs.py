@@ -18,13 +18,13 @@ def programs() -> list[Any]:
     from jax.sharding import PartitionSpec as P
 
     from coremesh.tensorcore import ops
-    from coremesh.testing.aot import Arg, jitted_program
+    from coremesh.testing.aot import Arg, target_program
 
     def program(
         name: str, kernel: Callable[..., Any], reference: Callable[..., Any], args: Any
     ) -> Any:
-        xla = jitted_program(reference, args, name=f"tensorcore.{name}[xla]")
-        return jitted_program(kernel, args, name=f"tensorcore.{name}", xla_reference=xla)
+        xla = target_program(reference, args, name=f"tensorcore.{name}[xla]")
+        return target_program(kernel, args, name=f"tensorcore.{name}", xla_reference=xla)
 
     rows = P("device", None)
     f32, bf16 = jnp.float32, jnp.bfloat16

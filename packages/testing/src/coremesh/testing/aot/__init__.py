@@ -47,6 +47,7 @@ from coremesh.testing.aot.program import (
     as_programs,
     jitted_program,
     load,
+    target_program,
 )
 from coremesh.testing.aot.report import cycles_table, lines_table, matrix_table, to_json
 from coremesh.testing.aot.roofline import Roofline, Work, cycles_to_seconds, roofline_for
@@ -99,6 +100,7 @@ __all__ = [
     "matrix_table",
     "profile",
     "roofline_for",
+    "target_program",
     "to_json",
     "topology_for",
     "validate_program",

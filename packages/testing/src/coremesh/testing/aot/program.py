@@ -203,6 +203,37 @@ def jitted_program(
     )
 
 
+def target_program(
+    fn: Callable[..., Any],
+    args: ArgsLike,
+    *,
+    name: str | None = None,
+    uses_sparsecore: bool = False,
+    xla_reference: Any = None,
+) -> FunctionProgram:
+    """A program whose kernels and ``shard_map`` take the chip from the active coremesh target.
+
+    coremesh's ops build their meshes from ``current_target()`` and pass ``mesh=`` to
+    ``shard_map`` themselves, so nothing keeps a first chip's mesh and one process compiles
+    ``fn`` for every chip (a fresh ``jax.jit`` per chip, as its trace cache cannot tell chips of
+    one mesh shape apart). For a function with a ``jax.shard_map`` without ``mesh=``, use
+    :func:`jitted_program`.
+    """
+
+    def build(_mesh: Any) -> Callable[..., Any]:
+        import jax
+
+        return jax.jit(fn)  # type: ignore[no-any-return]
+
+    return FunctionProgram(
+        name=name or str(getattr(fn, "__name__", "program")),
+        builder=build,
+        args=args,
+        uses_sparsecore=uses_sparsecore,
+        xla_reference=xla_reference,
+    )
+
+
 def is_program(obj: object) -> bool:
     return all(callable(getattr(obj, a, None)) for a in ("build", "arg_specs", "in_specs"))
 
