@@ -187,14 +187,9 @@ def jitted_program(
     if hasattr(fn, "lower") and callable(wrapped):
         python_fn = wrapped  # the jit's own function, with its shard_map
 
-    def build(_mesh: Any) -> Callable[..., Any]:
-        import jax
-
-        return jax.jit(python_fn)  # type: ignore[no-any-return]
-
     return ContextMeshProgram(
         name=name or str(getattr(fn, "__name__", "program")),
-        builder=build,
+        builder=_jit_per_chip(python_fn),
         args=args,
         uses_sparsecore=uses_sparsecore,
         xla_reference=xla_reference,
@@ -219,19 +214,25 @@ def target_program(
     one mesh shape apart). For a function with a ``jax.shard_map`` without ``mesh=``, use
     :func:`jitted_program`.
     """
+    return FunctionProgram(
+        name=name or str(getattr(fn, "__name__", "program")),
+        builder=_jit_per_chip(fn),
+        args=args,
+        uses_sparsecore=uses_sparsecore,
+        xla_reference=xla_reference,
+    )
+
+
+def _jit_per_chip(fn: Callable[..., Any]) -> Callable[[Any], Callable[..., Any]]:
+    """A builder giving each chip a fresh ``jax.jit`` of ``fn``: jit's trace cache does not
+    tell one chip's context from another's of the same mesh shape."""
 
     def build(_mesh: Any) -> Callable[..., Any]:
         import jax
 
         return jax.jit(fn)  # type: ignore[no-any-return]
 
-    return FunctionProgram(
-        name=name or str(getattr(fn, "__name__", "program")),
-        builder=build,
-        args=args,
-        uses_sparsecore=uses_sparsecore,
-        xla_reference=xla_reference,
-    )
+    return build
 
 
 def is_program(obj: object) -> bool:
