@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from typing import Any
 
 from coremesh.core import CoreKind, KernelSpec, check_operand_dtype
@@ -30,19 +31,14 @@ class TensorCoreKernel(PallasKernel):
     kinds = frozenset({CoreKind.TENSOR})
     dtype_rule = staticmethod(check_operand_dtype)
 
-    def __init__(self, spec: KernelSpec) -> None:
-        super().__init__(spec)
+    def build(self, spec: KernelSpec) -> Callable[..., Any]:
         # Under jit, so the pinned values (their type names HBM) never reach an op outside the
         # kernel: eager shard_map applies each primitive on its own and rejects such a type.
         # Built once, so eager calls reuse jit's cache instead of tracing a new function each.
-        self._pinned_call = _pinned(self._fn)
-
-    def __call__(self, *args: Any) -> Any:
-        self.check_operands(args)
-        return self._pinned_call(*args)
+        return _pinned(super().build(spec))
 
 
-def _pinned(call: Any) -> Any:
+def _pinned(call: Callable[..., Any]) -> Callable[..., Any]:
     import jax
     from jax.experimental.pallas import tpu as pltpu
 
@@ -54,7 +50,7 @@ def _pinned(call: Any) -> Any:
     def run(*args: Any) -> Any:
         return call(*jax.tree.map(pin, args))
 
-    return jax.jit(run)
+    return jax.jit(run)  # type: ignore[no-any-return]
 
 
 class TensorCoreBackend:
