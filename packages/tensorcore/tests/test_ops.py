@@ -71,6 +71,31 @@ def test_reduce(target: Any, op: str, axis: int, dtype: Any) -> None:
         np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(ref, np.float32))
 
 
+def with_nans(shape: tuple[int, int], dtype: Any) -> np.ndarray:
+    """Normal data with NaN in a few rows and columns (not all: most results stay finite)."""
+    x = data(shape, np.float32, 10)
+    for r, c in [(5, 7), (20, 100), (shape[0] - 1, shape[1] - 1), (20, 200)]:
+        x[r, c] = np.nan
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_reduce_max_and_min_propagate_nan_like_numpy(
+    slice_target: SliceFactory, dtype: Any
+) -> None:
+    """numpy's (and jnp's documented) semantics: a max or min over a NaN is NaN. XLA:CPU's own
+    reductions drop it, so numpy is the reference here, not jnp.max on this host. Two v5p
+    devices: NaN crosses the cores' exchange (axis 0) and the devices' combine."""
+    x = with_nans((64, 256), dtype)
+    for axis in (0, 1):
+        for op in ("max", "min"):
+            with slice_target("v5p", 2, deadline=20.0):
+                out = jax.jit(lambda a, axis=axis, op=op: tc.reduce(a, axis, op))(jnp.asarray(x))
+            want = getattr(np, op)(x.astype(np.float32), axis)
+            assert 0 < np.isnan(want).sum() < want.size
+            np.testing.assert_array_equal(np.asarray(out, np.float32), want, err_msg=f"{op}{axis}")
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_matmul(target: Any, dtype: Any) -> None:
     a, b = jnp.asarray(data((96, 384), dtype, 4)), jnp.asarray(data((384, 256), dtype, 5))

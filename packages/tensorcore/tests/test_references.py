@@ -56,6 +56,20 @@ def test_reduce_reference_accumulates_wide_and_returns_the_input_dtype(
         np.testing.assert_allclose(np.asarray(out, np.float64), wide, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16])
+def test_reduce_reference_max_and_min_propagate_nan(op: str, axis: int, dtype: Any) -> None:
+    # (16, 256) is past the size where XLA:CPU's jnp.max starts dropping NaN.
+    x = data((16, 256), np.float32, 7)
+    x[3, 5] = x[9, 200] = np.nan
+    x = x.astype(dtype)
+    out = tc.reduce_reference(jnp.asarray(x), axis, op)  # type: ignore[arg-type]
+    want = getattr(x.astype(np.float64), op)(axis)
+    assert np.isnan(want).sum() == 2
+    np.testing.assert_array_equal(np.asarray(out, np.float64), want)
+
+
 def test_gather_blocks_reference_clips_both_ways_and_applies_f() -> None:
     x = data((64, 128), np.float32, 6)
     idx = np.array([3, -2, 7, 100, 0], np.int32)

@@ -10,6 +10,7 @@ with the matching ``jax.lax`` collective.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Literal
 
 import jax
@@ -26,18 +27,11 @@ from coremesh.tensorcore.block_sizes import choose_block
 from coremesh.tensorcore.kernel import kernel
 from coremesh.tensorcore.mesh import TensorCoreMesh
 from coremesh.tensorcore.mesh import mesh as target_mesh
+from coremesh.tensorcore.ops import nan_order
 from coremesh.tensorcore.pipeline import pipeline, sub_blocks
 from coremesh.tensorcore.validate import check_2d, check_tiled
 
 Op = Literal["sum", "max", "min"]
-
-_COMBINE: dict[str, Callable[[Any, Any], Any]] = {
-    "sum": jnp.add,
-    "max": jnp.maximum,
-    "min": jnp.minimum,
-}
-_FOLD: dict[str, Callable[..., Any]] = {"sum": jnp.sum, "max": jnp.max, "min": jnp.min}
-_ACROSS_DEVICES = {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}
 
 
 def _acc_dtype(dtype: Any) -> Any:
@@ -95,12 +89,17 @@ def reduce(
     x: jax.Array, axis: int, op: Op = "sum", *, mesh: TensorCoreMesh | None = None
 ) -> jax.Array:
     """``jnp.sum/max/min(x, axis=axis)`` for a 2-D ``x``, accumulated in float32 (int32 for
-    integers) and returned in ``x.dtype``."""
+    integers) and returned in ``x.dtype``.
+
+    A max or min over a slice holding a NaN is NaN, as in numpy and ``jnp``'s semantics, on
+    every target: the kernel carries NaN itself (``nan_order``), because XLA:CPU's reductions,
+    which the simulator runs, drop it.
+    """
     t = current_target()
     core_mesh = mesh if mesh is not None else target_mesh()
     chip = t.chip
     shards = device_shards()
-    if op not in _COMBINE:
+    if op not in nan_order.OPS:
         raise LayoutError(
             f"unknown reduction {op!r}",
             rule="reduce supports 'sum', 'max' and 'min'",
@@ -145,7 +144,7 @@ def reduce(
         if shards > 1:  # the op shard_maps itself: combine the devices' results here
 
             def combined(x_local: jax.Array, inner: Callable[..., Any] = per_device) -> jax.Array:
-                return _ACROSS_DEVICES[op](inner(x_local), "device")
+                return nan_order.across(op, inner(x_local), "device")
 
             per_device = combined
     result = on_devices(per_device, in_specs=(P("device", None),), out_specs=out_spec)(x)
@@ -154,8 +153,9 @@ def reduce(
 
 def reduce_reference(x: jax.Array, axis: int, op: Op = "sum") -> jax.Array:
     """The XLA meaning of :func:`reduce`: ``jnp.sum/max/min`` accumulated in float32 (int32 for
-    integers), returned in ``x.dtype``."""
-    return _FOLD[op](x.astype(_acc_dtype(x.dtype)), axis=axis).astype(x.dtype)
+    integers), returned in ``x.dtype``, a max or min with a NaN being NaN (``jnp.max`` itself
+    drops NaN on XLA:CPU; see ``nan_order``)."""
+    return nan_order.fold(op, x.astype(_acc_dtype(x.dtype)), axis).astype(x.dtype)
 
 
 def _along_columns(
@@ -169,7 +169,7 @@ def _along_columns(
     acc_dtype: Any,
     cost: CostEstimate,
 ) -> Callable[[jax.Array], jax.Array]:
-    combine, fold = _COMBINE[op], _FOLD[op]
+    combine, fold = partial(nan_order.combine, op), partial(nan_order.fold, op)
     gather = core_mesh.chip.generation >= 5
 
     sb = br // streams
@@ -232,7 +232,7 @@ def _along_rows(
     acc_dtype: Any,
     cost: CostEstimate,
 ) -> Callable[[jax.Array], jax.Array]:
-    combine, fold = _COMBINE[op], _FOLD[op]
+    combine, fold = partial(nan_order.combine, op), partial(nan_order.fold, op)
     sub = 8  # partials are kept as (8, cols) 32-bit sublane tiles
     sb = br // streams
     axis = core_mesh.axis_name
