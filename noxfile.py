@@ -274,6 +274,21 @@ def _bench(session: nox.Session, line: Line) -> None:
     session.log(f"results in {out}")
 
 
+def _upstream(session: nox.Session, line: Line) -> None:
+    testing = ROOT / "packages" / "testing"
+    _install(session, line, "testing", with_tests=True, extra=(f"{testing}[upstream]",))
+    _report_jax(session, line)
+    # JAX's test trees live beside the repository; the command runs the one nearest this line's
+    # jax. Every line writes to upstream-results/, its tables named after its jax.
+    corpus = os.environ.get("COREMESH_UPSTREAM_TESTS") or str(ROOT.parent / "shared" / "upstream")
+    out = ROOT / "upstream-results"
+    session.run(
+        "coremesh", "upstream", "--jax-tests", corpus, "--out", str(out), *session.posargs,
+        env=LIBTPU_ENV,
+    )  # fmt: skip
+    session.log(f"results in {out}")
+
+
 def _typecheck(session: nox.Session, line: Line) -> None:
     paths = [str(ROOT / "packages" / p) for p in PACKAGES]
     session.install("-c", line.constraints, *paths, "mypy>=1.15", "pytest>=8", "nox>=2025.2.9")
@@ -299,6 +314,10 @@ BENCH_DOC = (
     "(markdown + JSON) and charts (PNG) in bench-results/"
 )
 TYPECHECK_DOC = "mypy --strict over every package's sources and tests"
+UPSTREAM_DOC = (
+    "JAX's own Pallas TPU tests (the test tree nearest the line) on the simulator and in stock "
+    "interpret mode; per-file tables in upstream-results/ (-- --files NAME ... --mode sim)"
+)
 
 
 def _doc(kind: str, text: str, line: Line | None, *, newest: bool) -> str:
@@ -343,6 +362,7 @@ def _register_all() -> None:
         ("aot", _aot, AOT_DOC),
         ("typecheck", _typecheck, TYPECHECK_DOC),
         ("bench", _bench, BENCH_DOC),
+        ("upstream", _upstream, UPSTREAM_DOC),
     ]
     _register_tests("tests", DEFAULT, newest=True, tags=[])
     for kind, body, doc in kinds:

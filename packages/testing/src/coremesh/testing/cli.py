@@ -5,6 +5,7 @@
     coremesh profile MODULE:NAME [...]              libtpu's static cycle estimates vs the roofline
     coremesh aot-all                                check every program the packages ship
     coremesh demo                                   the core_map guide's programs, end to end
+    coremesh upstream --jax-tests PATH [...]        JAX's own Pallas TPU tests on the simulator
 
 ``MODULE:NAME`` names a module-level object (``package.module:NAME``, ``path/to/file.py:NAME``,
 ``...:NAME[key]`` for one entry of a dict). The object may be:
@@ -166,6 +167,17 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     sub.add_parser("demo", help="run the core_map guide's programs end to end")
+
+    from coremesh.testing.upstream import command as upstream
+
+    up = sub.add_parser(
+        "upstream",
+        help="run JAX's own Pallas TPU tests on the simulator and in stock interpret mode",
+        description="Run each test file of a JAX test tree in its own pytest, the tests' device "
+        "gates answering for the simulated chip each test needs, with a per-test watchdog; write "
+        "a per-file table of pass/fail/error/hang/skip (markdown + JSON) under --out.",
+    )
+    upstream.add_arguments(up)
     return p
 
 
@@ -388,6 +400,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _profile(args, stdout, stderr)
         if args.command == "aot-all":
             return _aot_all(args, stdout, stderr)
+        if args.command == "upstream":
+            from coremesh.testing.upstream import command as upstream
+
+            return upstream.run(args, stdout, stderr)
         return _demo(stdout)
     except CoremeshError as e:
         stderr.write(usage_error(args.command, e))

@@ -1,0 +1,81 @@
+"""``coremesh upstream``: run a JAX test tree on the simulator and/or stock interpret mode."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import TextIO
+
+from coremesh.core import jax_versions
+from coremesh.testing.upstream import report
+from coremesh.testing.upstream.run import DEFAULT_GLOB, FileRun, Mode, run_tree, select_files
+from coremesh.testing.upstream.tree import CORPUS_ENV, resolve
+
+MODE_CHOICES = ("sim", "stock", "both")
+
+
+def add_arguments(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "--jax-tests",
+        metavar="PATH",
+        required=True,
+        help="a JAX test tree (holding tests/pallas), or a folder of trees: the one nearest the "
+        f"installed jax is used (e.g. ../shared/upstream; {CORPUS_ENV} in the tests)",
+    )
+    sp.add_argument(
+        "--files",
+        nargs="+",
+        metavar="GLOB",
+        default=[],
+        help=f"test files by name or glob (default: every {DEFAULT_GLOB})",
+    )
+    sp.add_argument("--mode", choices=MODE_CHOICES, default="both", help="default: both")
+    sp.add_argument(
+        "--timeout", type=float, default=180.0, help="seconds per test before it is a hang (180)"
+    )
+    sp.add_argument(
+        "--out", metavar="DIR", default="upstream-results", help="where tables and logs go"
+    )
+    sp.add_argument("-k", dest="keyword", metavar="EXPR", default=None, help="pytest's -k")
+    sp.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+
+
+def _progress(stream: TextIO) -> Callable[[FileRun], None]:
+    def show(run: FileRun) -> None:
+        stream.write(
+            f"{run.file.removesuffix('.py'):<44} {run.mode:<5} {run.summary()} "
+            f"({run.elapsed_s:.1f} s)\n"
+        )
+        stream.flush()
+
+    return show
+
+
+def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+    """Run, write ``upstream-jax-<version>.{md,json}`` under ``--out``, print the table."""
+    version = jax_versions.installed()
+    tree = resolve(Path(args.jax_tests), version)
+    files = select_files(tree, args.files)
+    modes: list[Mode] = ["sim", "stock"] if args.mode == "both" else [args.mode]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.quiet:
+        stderr.write(
+            f"JAX test tree {tree.label} at {tree.root} for jax {version}: "
+            f"{len(files)} files, modes {', '.join(modes)}\n"
+        )
+    runs = run_tree(
+        tree,
+        files,
+        modes,
+        out,
+        timeout=args.timeout,
+        keyword=args.keyword,
+        progress=None if args.quiet else _progress(stderr),
+    )
+    table = report.markdown(runs, tree, version)
+    (out / f"upstream-jax-{version}.md").write_text(table)
+    (out / f"upstream-jax-{version}.json").write_text(report.to_json(runs, tree, version) + "\n")
+    stdout.write(table)
+    return 0

@@ -1,0 +1,240 @@
+"""Run a JAX test tree's files: one child pytest per file and mode, a watchdog per test.
+
+Each child loads the shims (:mod:`~coremesh.testing.upstream.shims`) and pytest-timeout with its
+thread method: a test that runs past ``timeout`` seconds has its stacks dumped and its process
+ended, so a hang is reported as a hang and not as a failure of whatever ran next. The runner
+then starts the file again without the tests already done, until every test has an outcome. A
+second watchdog here ends a child that writes nothing for ``timeout`` plus a grace period (a
+hang in collection, or one pytest-timeout cannot see).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Literal
+
+from coremesh.core.errors import CoremeshError
+from coremesh.testing.upstream.events import STATUSES, Status, TestResult, first_line, read_events
+from coremesh.testing.upstream.needs import most_devices
+from coremesh.testing.upstream.tree import TestTree
+
+Mode = Literal["sim", "stock"]
+
+#: Test files a run takes when not told which.
+DEFAULT_GLOB = "tpu_*_test.py"
+#: Host CPU devices of a simulator child (as the coremesh pytest plugin arranges).
+SIM_HOST_DEVICES = 16
+#: Seconds a child may write nothing beyond the per-test timeout before it is stopped.
+STALL_GRACE_S = 120.0
+
+_TIMEOUT_BANNER = re.compile(r"\+{3,} Timeout \+{3,}")
+_DEVICE_FLAG = re.compile(r"--xla_force_host_platform_device_count=\d+")
+
+
+@dataclasses.dataclass
+class FileRun:
+    """One file run in one mode."""
+
+    file: str
+    mode: Mode
+    results: list[TestResult] = dataclasses.field(default_factory=list)
+    #: Why no test ran (the file's import failed), or None.
+    not_run: str | None = None
+    elapsed_s: float = 0.0
+    #: Child processes started (more than one after a hang or a crash).
+    processes: int = 0
+
+    def counts(self) -> dict[Status, int]:
+        out: dict[Status, int] = dict.fromkeys(STATUSES, 0)
+        for r in self.results:
+            out[r.status] += 1
+        return out
+
+    def summary(self) -> str:
+        if self.not_run is not None:
+            return f"not run: {self.not_run}"
+        c = self.counts()
+        return f"{len(self.results)} tests: " + ", ".join(f"{c[s]} {s}" for s in STATUSES)
+
+
+def select_files(tree: TestTree, patterns: Sequence[str] = ()) -> list[Path]:
+    """The tree's test files matching any of ``patterns`` (names or globs, ``.py`` optional)."""
+    files = sorted(tree.tests.glob(DEFAULT_GLOB))
+    if not patterns:
+        return files
+    wanted = [p if p.endswith(".py") or "*" in p else f"{p}.py" for p in patterns]
+    return [f for f in files if any(fnmatch.fnmatchcase(f.name, p) for p in wanted)]
+
+
+def child_environment(mode: Mode, file_name: str) -> dict[str, str]:
+    """The child's environment: libtpu quiet, CPU only, and its host device count fixed before
+    jax starts (the simulator's 16, or as many as the file's tests need in stock mode)."""
+    from coremesh.testing import libtpu_env
+
+    env = libtpu_env.child_environment()
+    count = SIM_HOST_DEVICES if mode == "sim" else most_devices(file_name)
+    flags = _DEVICE_FLAG.sub("", env.get("XLA_FLAGS", "")).strip()
+    env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+    env.pop("JAX_NUM_CPU_DEVICES", None)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # the tree may be shared or read-only
+    return env
+
+
+def child_command(
+    tree: TestTree,
+    file: Path,
+    mode: Mode,
+    *,
+    timeout: float,
+    events: Path,
+    done: Path,
+    ini: Path,
+    keyword: str | None = None,
+    python: str = sys.executable,
+) -> list[str]:
+    cmd = [python, "-m", "pytest", str(file), "-c", str(ini), "--rootdir", str(tree.tests)]
+    cmd += ["-p", "coremesh.testing.upstream.shims", "-p", "no:cacheprovider", "-q"]
+    cmd += [f"--timeout={timeout:g}", "--timeout-method=thread"]
+    cmd += ["--upstream-mode", mode, "--upstream-tree", str(tree.root)]
+    cmd += ["--upstream-events", str(events), "--upstream-done", str(done)]
+    if mode == "stock":
+        cmd += ["-p", "no:coremesh"]  # stock jax: no simulator, no host-device arrangement
+    if keyword:
+        cmd += ["-k", keyword]
+    return cmd
+
+
+def _wait(proc: subprocess.Popen[bytes], events: Path, stall_s: float) -> bool:
+    """Wait for ``proc``; stop it when ``events`` has not grown for ``stall_s``. True if stopped."""
+    last_size, last_change = -1, time.monotonic()
+    while proc.poll() is None:
+        size = events.stat().st_size if events.exists() else 0
+        now = time.monotonic()
+        if size != last_size:
+            last_size, last_change = size, now
+        elif now - last_change > stall_s:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def run_file(
+    tree: TestTree,
+    file: Path,
+    mode: Mode,
+    out_dir: Path,
+    *,
+    timeout: float = 180.0,
+    keyword: str | None = None,
+    python: str = sys.executable,
+) -> FileRun:
+    """Every test of ``file`` in ``mode``, restarting the child after a hang or a crash."""
+    work = Path(out_dir) / "work" / mode
+    logs = Path(out_dir) / "logs" / mode
+    work.mkdir(parents=True, exist_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
+    ini = Path(out_dir) / "work" / "pytest.ini"
+    ini.write_text("[pytest]\n")
+    stem = file.stem
+    log_path, events, done_path = (
+        logs / f"{stem}.log",
+        work / f"{stem}.events",
+        work / f"{stem}.done",
+    )
+    log_path.write_text("")
+    run = FileRun(file.name, mode)
+    done: list[str] = []
+    started = time.perf_counter()
+    env = child_environment(mode, file.name)
+    while True:
+        done_path.write_text("\n".join(done) + "\n")
+        events.unlink(missing_ok=True)
+        cmd = child_command(
+            tree, file, mode, timeout=timeout, events=events, done=done_path, ini=ini,
+            keyword=keyword, python=python,
+        )  # fmt: skip
+        offset = log_path.stat().st_size
+        with log_path.open("ab") as log:
+            proc = subprocess.Popen(
+                cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+            stopped = _wait(proc, events, timeout + STALL_GRACE_S)
+        run.processes += 1
+        got = read_events(events)
+        run.results += got.results
+        done += [r.nodeid for r in got.results]
+        if got.unfinished is None:
+            if not run.results and got.not_run is not None:
+                run.not_run = got.not_run
+            elif got.collected is None and not run.results:
+                tail = _log_text(log_path, offset)
+                why = "stopped: no output" if stopped else f"exit code {proc.returncode}"
+                run.not_run = f"pytest ended before collecting ({why}): {_last_line(tail)}"
+            break
+        text = _log_text(log_path, offset)
+        if stopped:
+            status: Status = "hang"
+            message = f"no progress in {timeout + STALL_GRACE_S:g} s; the runner stopped it"
+        elif _TIMEOUT_BANNER.search(text):
+            status, message = "hang", f"no result within {timeout:g} s (pytest-timeout)"
+        else:
+            status = "error"
+            message = f"the test process ended (exit code {proc.returncode}): {_last_line(text)}"
+        run.results.append(TestResult(got.unfinished, status, message))
+        done.append(got.unfinished)
+        if got.collected is not None and set(got.collected) <= set(done):
+            break  # the test that ended the process was the last one
+    run.elapsed_s = time.perf_counter() - started
+    return run
+
+
+def _log_text(path: Path, offset: int) -> str:
+    with path.open("rb") as f:
+        f.seek(offset)
+        return f.read().decode("utf-8", errors="replace")
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return first_line(lines[-1]) if lines else "no output"
+
+
+def run_tree(
+    tree: TestTree,
+    files: Sequence[Path],
+    modes: Sequence[Mode],
+    out_dir: Path,
+    *,
+    timeout: float = 180.0,
+    keyword: str | None = None,
+    progress: Callable[[FileRun], None] | None = None,
+    python: str = sys.executable,
+) -> list[FileRun]:
+    """Each file in each mode, in order; ``progress`` hears of each as it finishes."""
+    if not files:
+        raise CoremeshError(
+            f"no test files selected in {tree.tests}",
+            fix=f"check --files against the names there (default {DEFAULT_GLOB})",
+        )
+    runs: list[FileRun] = []
+    for file in files:
+        for mode in modes:
+            run = run_file(
+                tree, file, mode, out_dir, timeout=timeout, keyword=keyword, python=python
+            )
+            runs.append(run)
+            if progress is not None:
+                progress(run)
+    return runs

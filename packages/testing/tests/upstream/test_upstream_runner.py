@@ -1,0 +1,137 @@
+"""The upstream runner on a tiny JAX-style tree: outcomes, first lines, gates, hangs, imports."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coremesh.testing import cli
+from coremesh.testing.upstream.run import run_tree, select_files
+from coremesh.testing.upstream.tree import read_tree
+
+SYNTHETIC = """
+import time
+import unittest
+
+import jax
+from jax._src import test_util as jtu
+from jax._src.pallas import synthetic_test_util as stu
+
+
+class SyntheticTest(unittest.TestCase):
+
+  def test_pass(self):
+    self.assertEqual(stu.MARK, "served from the tree")
+
+  def test_fail(self):
+    self.assertEqual(1 + 1, 3, "one and one")
+
+  def test_error(self):
+    raise ValueError("broken on purpose\\nsecond line")
+
+  def test_hang(self):
+    time.sleep(600)
+
+  def test_skip(self):
+    self.skipTest("skipped on purpose")
+
+  def test_tpu_gate(self):
+    if not jtu.test_device_matches(["tpu"]):
+      self.skipTest("Need TPU devices")
+    self.assertEqual(jtu.get_tpu_version(), 5)
+    self.assertTrue(jtu.is_device_tpu(5, "p"))
+    self.assertFalse(jtu.is_device_tpu(5, "e"))
+    self.assertEqual(jax.device_count(), 4)
+"""
+
+
+def _tree(root: Path) -> Path:
+    tree = root / "jax-0.10.2"
+    (tree / "tests" / "pallas").mkdir(parents=True)
+    (tree / "jax" / "_src" / "pallas").mkdir(parents=True)
+    (tree / "COMMIT").write_text("jax-v0.10.2\n")
+    (tree / "jax" / "_src" / "pallas" / "synthetic_test_util.py").write_text(
+        'MARK = "served from the tree"\n'
+    )
+    (tree / "tests" / "pallas" / "tpu_synthetic_test.py").write_text(textwrap.dedent(SYNTHETIC))
+    (tree / "tests" / "pallas" / "tpu_broken_test.py").write_text("import no_such_module_here\n")
+    return tree
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+    """``coremesh upstream`` on the tiny tree, simulator mode: (its JSON, its markdown table)."""
+    base = tmp_path_factory.mktemp("upstream")
+    out = base / "out"
+    argv = ["upstream", "--jax-tests", str(_tree(base)), "--mode", "sim", "--timeout", "8"]
+    assert cli.main([*argv, "--out", str(out), "-q"]) == 0
+    (doc,) = out.glob("upstream-jax-*.json")
+    (table,) = out.glob("upstream-jax-*.md")
+    parsed: dict[str, Any] = json.loads(doc.read_text())
+    return parsed, table.read_text()
+
+
+def _file(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    (entry,) = [f for f in doc["files"] if f["file"] == name]
+    found: dict[str, Any] = entry
+    return found
+
+
+def test_each_outcome_is_counted_with_its_first_line(
+    synthetic: tuple[dict[str, Any], str],
+) -> None:
+    run = _file(synthetic[0], "tpu_synthetic_test.py")
+    got = {t["nodeid"].rsplit("::", 1)[-1]: (t["status"], t["message"]) for t in run["tests"]}
+    assert got == {
+        "test_pass": ("pass", ""),
+        "test_fail": ("fail", "AssertionError: 2 != 3 : one and one"),
+        "test_error": ("error", "ValueError: broken on purpose"),
+        "test_hang": ("hang", "no result within 8 s (pytest-timeout)"),
+        "test_skip": ("skip", "skipped on purpose"),
+        "test_tpu_gate": ("pass", ""),
+    }
+    assert run["counts"] == {"pass": 2, "fail": 1, "error": 1, "hang": 1, "skip": 1}
+    assert run["processes"] == 2  # the hang ended the first child; the rest ran in a second
+
+
+def test_a_file_whose_import_fails_is_not_run(synthetic: tuple[dict[str, Any], str]) -> None:
+    run = _file(synthetic[0], "tpu_broken_test.py")
+    assert run["tests"] == []
+    assert run["not_run"] == "ModuleNotFoundError: No module named 'no_such_module_here'"
+
+
+def test_the_table_has_a_row_per_file_and_the_non_passes(
+    synthetic: tuple[dict[str, Any], str],
+) -> None:
+    doc, table = synthetic
+    assert doc["tree"]["release"] == "0.10.2"
+    rows = [ln for ln in table.splitlines() if ln.startswith("| tpu_")]
+    assert rows[0].startswith(
+        "| tpu_broken_test | 0 | not run: ModuleNotFoundError: No module named"
+    )
+    assert rows[1].startswith("| tpu_synthetic_test | 6 | 2/1/1/1/1 |")
+    assert "- `SyntheticTest::test_hang`: hang: no result within 8 s (pytest-timeout)" in table
+    assert "simulator: 6 tests, 2 pass, 1 fail, 1 error, 1 hang, 1 skip" in table
+
+
+def test_stock_mode_sees_the_chip_on_the_host_devices(tmp_path: Path) -> None:
+    tree = read_tree(_tree(tmp_path))
+    files = select_files(tree, ["tpu_synthetic_test"])
+    (run,) = run_tree(tree, files, ["stock"], tmp_path / "out", timeout=30, keyword="gate or pass")
+    assert {r.nodeid.rsplit("::", 1)[-1]: r.status for r in run.results} == {
+        "test_pass": "pass",
+        "test_tpu_gate": "pass",  # 4 host devices: what the file's tests need, as stock runs it
+    }
+
+
+def test_cli_usage_error_on_a_missing_tree(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["upstream", "--jax-tests", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2
+    assert err[0].startswith("coremesh upstream: no JAX test tree at ")
