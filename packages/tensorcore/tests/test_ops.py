@@ -54,6 +54,23 @@ def test_map_blocks_changes_dtype_blockwise(target: Any) -> None:
     np.testing.assert_array_equal(np.asarray(out), (x > 0).astype(np.int32))
 
 
+def test_map_blocks_on_square_blocks(slice_target: SliceFactory) -> None:
+    """Square blocks take a blockwise f, including one written for the block's own shape (it
+    cannot be traced on the wider probe that catches transposes)."""
+    x = exact((256, 128), jnp.float32, 11)
+
+    def lower(u: jax.Array) -> jax.Array:  # keeps the block's lower triangle: (128, 128) only
+        row = jax.lax.broadcasted_iota(jnp.int32, (128, 128), 0)
+        col = jax.lax.broadcasted_iota(jnp.int32, (128, 128), 1)
+        return jnp.where(row >= col, u, 0)
+
+    with slice_target("v5p", 1, deadline=20.0):
+        out = tc.map_blocks(lambda u: u * 2 - 1, jnp.asarray(x), block=(128, 128))
+        masked = tc.map_blocks(lower, jnp.asarray(x), block=(128, 128))
+    np.testing.assert_array_equal(np.asarray(out), x * 2 - 1)
+    np.testing.assert_array_equal(np.asarray(masked), x * np.tile(np.tri(128), (2, 1)))
+
+
 @pytest.mark.parametrize("op", ["sum", "max", "min"])
 @pytest.mark.parametrize("axis", [0, 1])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int32])

@@ -53,15 +53,7 @@ def map_blocks(
             chip=chip.name,
             fix="pick a block that divides it, or leave block=None to choose one",
         )
-    out_block = jax.eval_shape(f, *[jax.ShapeDtypeStruct((br, bc), dtype)] * len(arrays))
-    if out_block.shape != (br, bc):
-        raise LayoutError(
-            f"f maps ({br}, {bc}) blocks to {out_block.shape}",
-            rule="map_blocks needs a blockwise f: block in, same-shaped block out",
-            chip=chip.name,
-            fix="use an elementwise f, or reshape outside the kernel",
-        )
-    out_dtype = out_block.dtype
+    out_dtype = _check_blockwise(f, len(arrays), (br, bc), dtype, chip.name)
     spec = pl.BlockSpec((br, bc), lambda i, j: (i, j))
 
     def block_body(*refs: Any) -> None:
@@ -95,6 +87,45 @@ def map_blocks(
 
     spec_rows = P("device", None)
     return on_devices(per_device, in_specs=(spec_rows,) * len(arrays), out_specs=spec_rows)(*arrays)
+
+
+_RULE = "map_blocks needs a blockwise f: a block of any shape in, a block of that shape out"
+_FIX = (
+    "use an elementwise f (no transposes, reductions or reshapes); transpose or reshape the "
+    "arrays outside map_blocks"
+)
+
+
+def _check_blockwise(
+    f: Callable[..., jax.Array], n: int, block: tuple[int, int], dtype: Any, chip: str
+) -> Any:
+    """The dtype of ``f``'s blocks, after tracing ``f`` on the block and on a wider probe.
+
+    A square block hides a transpose (``(128, 128)`` in, ``(128, 128)`` out), so ``f`` is also
+    traced (shapes only) on ``(br, br + bc)``, which no transpose maps to itself. An ``f`` that
+    cannot be traced on the probe depends on the block's shape and is taken on the block alone.
+    """
+
+    def traced(shape: tuple[int, int]) -> Any:
+        return jax.eval_shape(f, *[jax.ShapeDtypeStruct(shape, dtype)] * n)
+
+    out = traced(block)
+    if out.shape != block:
+        raise LayoutError(f"f maps {block} blocks to {out.shape}", rule=_RULE, chip=chip, fix=_FIX)
+    probe = (block[0], block[0] + block[1])
+    try:
+        wide = traced(probe)
+    except Exception:  # f is written for the block's shape: the block's trace is all there is
+        return out.dtype
+    if wide.shape != probe:
+        raise LayoutError(
+            f"f maps a {probe} array to {wide.shape}: it is not blockwise, and keeps the shape "
+            f"of the {block} block only because that block is square",
+            rule=_RULE,
+            chip=chip,
+            fix=_FIX,
+        )
+    return out.dtype
 
 
 def map_blocks_reference(f: Callable[..., jax.Array], *arrays: jax.Array) -> jax.Array:
