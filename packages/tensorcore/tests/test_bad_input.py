@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +44,32 @@ def test_shapes_not_divisible_into_tiles(target: HardwareTarget) -> None:
         tc.map_blocks(jnp.negative, f32(64, 100))
 
 
+@pytest.mark.parametrize(
+    ("call", "name", "shape"),
+    [
+        (lambda: tc.map_blocks(jnp.negative, f32(0, 128)), "arrays[0]", (0, 128)),
+        (lambda: tc.reduce(f32(0, 128), 0), "x", (0, 128)),
+        (lambda: tc.reduce(f32(16, 0), 1), "x", (16, 0)),
+        (lambda: tc.matmul(f32(16, 0), f32(0, 128)), "a", (16, 0)),
+        (lambda: tc.gather_blocks(f32(0, 128), jnp.zeros((2,), jnp.int32)), "x", (0, 128)),
+    ],
+)
+def test_an_empty_operand_is_named_as_empty(
+    target: HardwareTarget, call: Any, name: str, shape: tuple[int, int]
+) -> None:
+    # Not "pipeline grid (0, 1) is empty": the operand, its shape, and what to do instead.
+    with pytest.raises(cc.LayoutError, match=re.escape(f"{name} is empty: shape {shape}")) as e:
+        call()
+    assert e.value.chip == target.chip.name and f"{name}.size == 0" in str(e.value.fix)
+
+
+def test_no_indices_gather_no_blocks(target: HardwareTarget) -> None:
+    x, idx = f32(64, 128), jnp.zeros((0,), jnp.int32)
+    out = tc.gather_blocks(x, idx)
+    ref = np.take(np.zeros((8, 8, 128), np.float32), np.zeros(0, np.int64), axis=0)
+    assert out.shape == ref.reshape(-1, 128).shape == (0, 128) and out.dtype == x.dtype
+
+
 def test_rows_must_split_over_devices(target: HardwareTarget) -> None:
     with pytest.raises(cc.LayoutError, match="over 2 devices"):
         tc.map_blocks(jnp.negative, f32(8, 128))
@@ -59,6 +87,19 @@ def test_mismatched_operands(target: HardwareTarget) -> None:
 def test_non_blockwise_function(target: HardwareTarget) -> None:
     with pytest.raises(cc.LayoutError, match="blockwise"):
         tc.map_blocks(lambda x: x.sum(axis=0), f32(64, 128))
+
+
+def test_a_transpose_is_refused_even_on_square_blocks(target: HardwareTarget) -> None:
+    # (128, 128) blocks: a.T keeps their shape, so only the wider probe shows it.
+    with pytest.raises(
+        cc.LayoutError,
+        match=r"f maps a \(128, 256\) array to \(256, 128\): it is not blockwise, and keeps the "
+        r"shape of the \(128, 128\) block only because that block is square",
+    ) as e:
+        tc.map_blocks(lambda a: a.T, f32(256, 128), block=(128, 128))
+    assert e.value.chip == target.chip.name and "transpose" in str(e.value.fix)
+    with pytest.raises(cc.LayoutError, match="not blockwise"):
+        tc.map_blocks(lambda a, b: a.T @ b, f32(256, 128), f32(256, 128), block=(128, 128))
 
 
 def test_dtypes_the_chip_lacks(target: HardwareTarget) -> None:

@@ -19,6 +19,14 @@ def check_2d(name: str, x: Any, chip: Chip) -> tuple[int, int]:
             chip=chip.name,
             fix=f"reshape {name} to 2-D first, e.g. x.reshape(-1, x.shape[-1])",
         )
+    if 0 in shape:
+        raise LayoutError(
+            f"{name} is empty: shape {shape}",
+            rule="a TensorCore op streams its operands in (sublanes, lanes) tiles, at least one",
+            chip=chip.name,
+            fix=f"skip the call when {name}.size == 0 (shapes are static, so a Python `if` "
+            "does it) and build the empty result directly",
+        )
     check_operand_dtype(x.dtype, chip)
     return shape[0], shape[1]
 

@@ -81,6 +81,8 @@ def gather_blocks(
             chip=chip.name,
             fix=f"pad the indices to a multiple of {shards}",
         )
+    if n == 0:  # as jnp.take: no indices, no rows (and no kernel: its grid would be empty)
+        return jnp.zeros((0, cols), x.dtype)
     local_n = n // shards
     check_fits(local_n * 4, chip, "smem", what="the prefetched index vector")
     check_in_range(
