@@ -147,7 +147,10 @@ def test_traced_indices_need_an_explicit_mode(on_chip: Any) -> None:
             ),
             "combiner='mean' on a int32",
         ),
-        (lambda: sc.embedding_bag(f32(8, 16), i32(0, 1, 2), i32(0, 2, 1)), "non-decreasing"),
+        (
+            lambda: sc.embedding_bag(f32(8, 16), i32(0, 1, 2), i32(0, 2, 1)),
+            r"offsets decrease at bag 2: offsets\[1\] = 2 > offsets\[2\] = 1",
+        ),
         (lambda: sc.scatter_add(f32(8, 16), i32(0), f32(1, 16), chunk_rows=0), "chunk_rows=0"),
     ],
 )
@@ -156,6 +159,33 @@ def test_malformed_arguments(on_chip: Any, call: Callable[[], Any], match: str) 
     with pytest.raises(cc.LayoutError, match=match) as e:
         call()
     _complete(e.value, "v5p")
+
+
+@pytest.mark.parametrize(
+    ("offsets", "match"),
+    [
+        ((0, 2, 5), r"offsets\[2\] = 5 is outside 0\.\.3 \(3 indices\)"),
+        ((-1, 0, 2), r"offsets\[0\] = -1 is outside 0\.\.3"),
+    ],
+)
+def test_sorted_offsets_out_of_range_are_not_called_unsorted(
+    on_chip: Any, offsets: tuple[int, ...], match: str
+) -> None:
+    on_chip("v5p")
+    with pytest.raises(cc.LayoutError, match=match) as e:
+        sc.embedding_bag(f32(8, 16), i32(0, 1, 2), i32(*offsets))
+    assert "decrease" not in e.value.what and "0..3" in str(e.value.fix)
+    _complete(e.value, "v5p")
+
+
+def test_offsets_check_takes_sorted_offsets_up_to_the_end(on_chip: Any) -> None:
+    from coremesh.sparsecore.ops.bag import check_offsets
+
+    check_offsets(np.array([0, 0, 2, 3]), 3, "v5p")  # empty first and last bags
+    on_chip("v5p")
+    # Unsigned offsets that decrease are caught too (np.diff would wrap them to large ones).
+    with pytest.raises(cc.LayoutError, match="offsets decrease at bag 1"):
+        sc.embedding_bag(f32(8, 16), i32(0, 1, 2), jnp.asarray([2, 1], jnp.uint32))
 
 
 def test_indices_must_split_over_the_devices(on_chip: Any) -> None:
@@ -173,8 +203,14 @@ def test_capacity_of_a_vector_subcore(on_chip: Any) -> None:
     _complete(e.value, "v6e")
     # method='vmem' stages the whole table: a table beyond the subcore's VMEM is refused.
     sc_table = f32(1024, 128)  # 512 KiB
-    with pytest.raises(cc.CapacityError, match="staged table"):
+    with pytest.raises(cc.CapacityError, match="staged table") as e:
         sc.gather(sc_table, i32(0), method="vmem")
+    _complete(e.value, "v6e")
+    # The fix is the other method, and how large a table this one takes (256 KiB less the two
+    # (8, 128) float32 row buffers and their indices: 8128 bytes).
+    assert "pass method='dma' (the default)" in str(e.value.fix)
+    most = (256 * 1024 - (2 * (8 * 128 * 4 + 8 * 4) + 64)) // (128 * 4)
+    assert f"method='vmem' takes at most {most} rows of 128 float32" in str(e.value.fix)
     # scatter's chunk lives in VMEM: too many rows asked for, or one row too wide.
     with pytest.raises(cc.CapacityError, match="chunk_rows=4096") as e:
         sc.scatter_add(f32(8, 128), i32(0), f32(1, 128), chunk_rows=4096)

@@ -51,6 +51,37 @@ def embedding_bag_reference(
     return out
 
 
+def check_offsets(host: Any, n: int, chip: str) -> None:
+    """Concrete offsets: each bag starts where the last one did or later, inside the indices.
+
+    One rule per error: offsets that are sorted but run past the indices are reported as out of
+    range, never as unsorted.
+    """
+    import numpy as np
+
+    rule = "bag b holds indices[offsets[b]:offsets[b + 1]], the last bag runs to the end"
+    down = np.flatnonzero(np.diff(host) < 0)
+    if down.size:
+        b = int(down[0])
+        raise LayoutError(
+            f"offsets decrease at bag {b + 1}: offsets[{b}] = {host[b]} > "
+            f"offsets[{b + 1}] = {host[b + 1]}",
+            rule=rule + "; offsets are non-decreasing",
+            chip=chip,
+            fix="pass each bag's start position in bag order (np.sort them if the bags are "
+            "already in order of their start)",
+        )
+    if host[0] < 0 or host[-1] > n:
+        b = 0 if host[0] < 0 else len(host) - 1
+        raise LayoutError(
+            f"offsets[{b}] = {host[b]} is outside 0..{n} ({n} indices)",
+            rule=rule + f"; offsets lie in 0..len(indices) = 0..{n}",
+            chip=chip,
+            fix=f"offsets are start positions in indices: keep them in 0..{n} "
+            "(an offset equal to len(indices) is an empty last bag)",
+        )
+
+
 def embedding_bag(
     table: jax.Array,
     indices: jax.Array,
@@ -97,14 +128,7 @@ def embedding_bag(
     if not is_traced(offsets):
         import numpy as np
 
-        host = np.asarray(offsets)
-        if (np.diff(host) < 0).any() or host[0] < 0 or host[-1] > n:
-            raise LayoutError(
-                f"offsets {host.tolist()[:8]}... are not non-decreasing within 0..{n}",
-                rule="bag b holds indices[offsets[b]:offsets[b + 1]]",
-                chip=chip.name,
-                fix="pass sorted start positions of the bags",
-            )
+        check_offsets(np.asarray(offsets).astype(np.int64), n, chip.name)
     check_range("indices", indices, rows, mode, chip, "'clip' or mode='drop'")
     idx = jnp.asarray(indices, jnp.int32)
     ids = bag_ids(offsets, n)

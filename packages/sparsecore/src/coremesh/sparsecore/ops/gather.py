@@ -25,7 +25,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
-from coremesh.core import CostEstimate, LayoutError, check_fits, current_target
+from coremesh.core import CapacityError, CostEstimate, LayoutError, check_fits, current_target
 from coremesh.core.dma import indexed_dma_fits
 from coremesh.core.dtypes import itemsize
 from coremesh.core.partition import core_share
@@ -170,13 +170,27 @@ def gather(
     groups = -(-local_n // group)
     padded = groups * group
     staged = rows * cols * size if method == "vmem" else 0
-    check_fits(
-        staged + 2 * (group * cols * size + group * 4) + 64,
-        chip,
-        "sparsecore_vmem",
-        what=f"gather's two row buffers ({group} rows of {cols} {table.dtype} each)"
-        + (f" and the staged table ({rows} rows, method='vmem')" if staged else ""),
-    )
+    buffers = 2 * (group * cols * size + group * 4) + 64
+    try:
+        check_fits(
+            staged + buffers,
+            chip,
+            "sparsecore_vmem",
+            what=f"gather's two row buffers ({group} rows of {cols} {table.dtype} each)"
+            + (f" and the staged table ({rows} rows, method='vmem')" if staged else ""),
+        )
+    except CapacityError as e:
+        if not staged:
+            raise
+        most = max(0, (sc_mesh.spec.vmem_bytes_per_subcore - buffers) // (cols * size))
+        raise CapacityError(
+            e.what,
+            rule=e.rule,
+            chip=e.chip,
+            fix="pass method='dma' (the default): it fetches the rows from HBM by DMA and keeps "
+            f"only two groups of rows in VMEM, for a table of any size; method='vmem' takes at "
+            f"most {most} rows of {cols} {table.dtype} on {chip.name}",
+        ) from e
 
     def body(
         idx_hbm: Any, t_hbm: Any, o_hbm: Any, idx_v: Any, buf: Any, sem: Any, *tab_v: Any
