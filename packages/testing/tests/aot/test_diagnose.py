@@ -13,6 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from coremesh.core.errors import (
     CapacityError,
@@ -20,7 +21,7 @@ from coremesh.core.errors import (
     MeshError,
     UnsupportedOnChipError,
 )
-from coremesh.testing.aot import compile_on, compile_program
+from coremesh.testing.aot import Arg, FunctionProgram, compile_on, compile_program
 from coremesh.testing.aot import samples as kp
 from coremesh.testing.aot.diagnose import (
     KINDS,
@@ -105,6 +106,32 @@ def test_block_8x64_compiles_on_v5p_and_v6e() -> None:
     # libtpu 0.0.52 takes the half-lane block on these two: no error to diagnose.
     results = compile_program(kp.add_one(block=(8, 64)), ["v5p", "v6e"], prevalidate=False)
     assert [r.status for r in results] == ["ok", "ok"]
+
+
+def _add_one_on(rows_spec: Any) -> FunctionProgram:
+    # 10 GiB in and 10 GiB out: 20 GiB on one device, more than a v5e device's 16 GiB of HBM.
+    return FunctionProgram(
+        name="add_one_20gib",
+        builder=lambda _m: jax.jit(lambda x: x + 1),
+        args=[Arg((5 << 19, 1024), jnp.float32, rows_spec)],
+    )
+
+
+def test_buffers_over_the_hbm_of_a_device() -> None:
+    err = failure(_add_one_on(None), "v5e")
+    assert isinstance(err, CapacityError)
+    assert (err.kind, err.code) == ("hbm", "E1000")
+    assert "CompileTimeHbmOom" in err.compiler_message
+    assert "needs 20.00 GiB of HBM per device" in err.what
+    assert "15.75 GiB available (of its 16.02 GiB)" in err.what
+    assert "16.02 GiB" in str(err.rule)
+    assert "over at least 2 devices" in str(err.fix) and "please report" not in str(err.fix)
+
+
+def test_the_fix_for_hbm_works() -> None:
+    # Following the fix: the same program sharded over 2 devices compiles.
+    r = compile_on(_add_one_on(P("device", None)), CompileTarget.for_chip("v5e", devices=2))
+    assert r.status == "ok", r.error
 
 
 @pytest.mark.parametrize(

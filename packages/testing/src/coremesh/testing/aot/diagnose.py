@@ -13,6 +13,7 @@ kind                   compiler text (example)                                  
 scoped_vmem            ``E1001: CompileTimeScopedVmemOom ... limit 16.00M``        CapacityError
 vmem_physical          ``Allocation (size=...) would exceed memory (size=...)``    CapacityError
 vmem_program           ``Ran out of memory in memory space vmem. Used 68.00M of``  CapacityError
+hbm                    ``E1000: CompileTimeHbmOom: Ran out of memory on HBM``      CapacityError
 tile_alignment         ``Offsets along tiled dimensions must be aligned to tiles`` LayoutError
 dma_granule            ``contiguous inner slice ... divisible by 512 bytes``       LayoutError
 word_alignment         ``... multiple of the word size (4096 bits)``               LayoutError
@@ -101,6 +102,10 @@ class CompilerMeshError(DiagnosedError, MeshError):
 
 def _mib(n: float) -> str:
     return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
 
 
 def headline(text: str) -> str:
@@ -216,6 +221,28 @@ def _vmem_program(m: re.Match[str], ctx: _Context) -> DiagnosedError:
         f"({_mib(c.scoped_vmem_default_bytes)}), so XLA fits its buffers beside it; with its "
         "static profile on, libtpu 0.0.52 overcommits some raised limits on TPU7x that the "
         "default, or a plain compile, takes",
+    )
+
+
+def _hbm(m: re.Match[str], ctx: _Context) -> DiagnosedError:
+    c = ctx.chip
+    need, have = parse_size(m["need"]), parse_size(m["have"])
+    device = c.device(ctx.cores_per_device)
+    devices = -(-need // max(have, 1))
+    return CompilerCapacityError(
+        f"{ctx.where} needs {_gib(need)} of HBM per device for its buffers; a {c.name} device "
+        f"has {_gib(have)} available (of its {_gib(device.hbm_bytes)})",
+        compiler_message=ctx.text,
+        kind="hbm",
+        code="E1000",
+        program=ctx.program,
+        rule="a device's arguments, outputs and XLA's temporaries live in its own HBM at once; "
+        f"a {c.name} device has {_gib(device.hbm_bytes)}, less what the runtime reserves",
+        chip=c.name,
+        fix=f"shard the largest operands over at least {devices} devices (a PartitionSpec "
+        "naming 'device' on their rows), store them in a narrower dtype (bfloat16), donate "
+        "inputs the outputs can reuse (jax.jit(..., donate_argnums=...)), or process the "
+        "data in chunks",
     )
 
 
@@ -505,6 +532,15 @@ _CATALOGUE: tuple[tuple[str, re.Pattern[str], _Rule], ...] = (
             + r" vmem"
         ),
         _vmem_program,
+    ),
+    (
+        "hbm",
+        re.compile(
+            r"Ran out of memory on HBM.*?required for [\w ]+ \((?P<need>[\d.]+[KMGT]?)\) "
+            r"exceeds available HBM \((?P<have>[\d.]+[KMGT]?)\)",
+            re.S,
+        ),
+        _hbm,
     ),
     (
         "tile_alignment",
