@@ -70,9 +70,9 @@ def test_a_folder_that_is_no_tree_is_refused(tmp_path: Path) -> None:
 
 def test_the_default_corpus_is_beside_the_repository(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("COREMESH_UPSTREAM_TESTS", raising=False)
-    assert default_corpus() == (REPO / ".." / "shared" / "upstream").resolve()
+    assert default_corpus(REPO) == (REPO / ".." / "shared" / "upstream").resolve()
     monkeypatch.setenv("COREMESH_UPSTREAM_TESTS", "/elsewhere")
-    assert default_corpus() == Path("/elsewhere")
+    assert default_corpus(REPO) == Path("/elsewhere")
 
 
 def test_needs_table() -> None:

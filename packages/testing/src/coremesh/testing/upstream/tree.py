@@ -108,13 +108,12 @@ def nearest_tree(jax_version: str, trees: list[TestTree]) -> TestTree:
     return before[-1] if before else ordered[0]
 
 
-def default_corpus(repo_root: Path | None = None) -> Path:
+def default_corpus(repo_root: Path) -> Path:
     """``$COREMESH_UPSTREAM_TESTS``, else ``../shared/upstream`` from the repository's root."""
     override = os.environ.get(CORPUS_ENV)
     if override:
         return Path(override)
-    root = repo_root if repo_root is not None else Path(__file__).resolve().parents[6]
-    return (root / ".." / "shared" / "upstream").resolve()
+    return (Path(repo_root) / ".." / "shared" / "upstream").resolve()
 
 
 def resolve(path: Path, jax_version: str) -> TestTree:
