@@ -122,6 +122,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "sparsecore_axes",
         "sparsecore_primitives",
         "mpmd_refusal",
+        "own_interpret_params",  # tests/sim/test_own_interpret_params.py
         "compile_cache",
         "fast_transforms",
         "deadlock_watchdog",

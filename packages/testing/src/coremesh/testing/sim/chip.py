@@ -58,6 +58,9 @@ class ActiveSlice(Protocol):
     @property
     def devices(self) -> tuple[Any, ...]: ...
 
+    @property
+    def interpret_params(self) -> Any: ...
+
 
 _lock = threading.Lock()
 _active: list[ActiveSlice] = []

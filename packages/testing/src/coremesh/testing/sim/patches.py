@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import sys
 import threading
 from collections.abc import Callable, Collection
 from typing import Any
@@ -28,7 +29,7 @@ import numpy as np
 from coremesh.core import jax_compat, jax_versions
 from coremesh.core.dtypes import check_operand_dtype
 from coremesh.core.errors import CoremeshError, MeshError, UnsupportedOnChipError
-from coremesh.testing.sim import compat
+from coremesh.testing.sim import call_params, compat
 from coremesh.testing.sim.chip import (
     ActiveSlice,
     SimulatedChip,
@@ -504,6 +505,59 @@ def _interpret_call_targets() -> list[tuple[Any, str, Any]]:
     return [(ipc, "interpret_pallas_call", interpret_pallas_call)]
 
 
+class _ForcedModeView:
+    """jax's forced interpret mode as the kernel entry points read it, in ``forced or
+    interpret``: the call's own parameters merged with the simulator's (``call_params``)."""
+
+    def __init__(self, state: Any) -> None:
+        self._state = state
+
+    @property
+    def value(self) -> Any:
+        forced = self._state.value
+        slice_ = active_slice()
+        if slice_ is None:
+            return forced
+        # The reader is the entry point itself; its `interpret` is the call's own argument.
+        own = sys._getframe(1).f_locals.get("interpret", False)
+        return call_params.effective(slice_.interpret_params, forced, own)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._state, name)
+
+
+class _ConfigView:
+    """jax's ``config`` module with the forced interpret mode read through the view above."""
+
+    def __init__(self, config: Any) -> None:
+        self._config = config
+        self.pallas_tpu_interpret_mode_context_manager = _ForcedModeView(
+            config.pallas_tpu_interpret_mode_context_manager
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._config, name)
+
+
+def _own_params_targets() -> list[tuple[Any, str, Any]]:
+    # Upstream's entry points run `config.pallas_tpu_interpret_mode_context_manager.value or
+    # interpret` (pallas_call.py:1257, core.py:1535 and 1572, helpers.py:248, mpmd.py:617): the
+    # forced mode replaces a call's own InterpretParams (races, out-of-bounds reads, HBM in
+    # run_scoped, ...). Those modules read config through a view that merges them instead.
+    # InterpretParams notes the fields a call passes, so that a default it chose is kept.
+    from jax._src import config
+    from jax._src.pallas import core, helpers, mpmd
+    from jax._src.pallas import pallas_call as pallas_call_module
+    from jax._src.pallas.mosaic.interpret.params import InterpretParams
+
+    view = _ConfigView(config)
+    out = [(m, "config", view) for m in (pallas_call_module, core, helpers, mpmd)]
+    return [
+        *out,
+        (InterpretParams, "__init__", call_params.record_fields(InterpretParams.__init__)),
+    ]
+
+
 def _sparsecore_primitive_targets() -> list[tuple[Any, str, Any]]:
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
@@ -762,6 +816,12 @@ PATCHES: tuple[Patch, ...] = (
         "pl.kernel over several meshes (MPMD) fails to lower in interpret mode with "
         "'NotImplementedError: Lowering multiple mesh/function pairs' (mpmd.py:500)",
         _mpmd_targets,
+    ),
+    Patch(
+        "own_interpret_params",
+        "a call's own interpret=InterpretParams(...) is replaced by the forced mode's "
+        "(pallas_call.py:1257, core.py:1535, helpers.py:248, mpmd.py:617)",
+        _own_params_targets,
     ),
     Patch(
         "compile_cache",
