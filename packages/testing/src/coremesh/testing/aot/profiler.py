@@ -66,6 +66,7 @@ class _Item:
     ref: ProgramRef
     name: str
     variant: Variant
+    timeout_s: float | None = None  # the program's own bound, if it declares one
 
 
 def profile(
@@ -87,9 +88,10 @@ def profile(
     entries of module-level mappings) or reference strings (``"package.module:NAME"``,
     ``"path/to/file.py:NAME[key]"``). With ``include_xla``, a program's ``xla_reference`` is
     estimated too. One child process per chip (``jobs`` at a time); ``timeout_s`` bounds each
-    program's compile. A child whose resident memory exceeds ``memory_cap_bytes`` (default:
-    ``COREMESH_PROFILE_MEMORY_CAP``, e.g. ``"16G"``, else half the machine's memory; 0 for no cap)
-    is killed and its program reported "aborted". Needs libtpu 0.0.52 or newer
+    program's compile, unless the program has a ``timeout_s`` attribute of its own. A child
+    whose resident memory exceeds ``memory_cap_bytes`` (default: ``COREMESH_PROFILE_MEMORY_CAP``,
+    e.g. ``"16G"``, else half the machine's memory; 0 for no cap) is killed and its program
+    reported "aborted". Needs libtpu 0.0.52 or newer
     (``versions.STATIC_PROFILE_LIBTPU``): ``LibtpuError`` otherwise, before any child starts.
     Each estimate records the jax and libtpu versions that made it.
     """
@@ -150,9 +152,10 @@ def _items(programs: Sequence[Any] | Any, include_xla: bool) -> list[_Item]:
                     )
                 refs.append((r, p))
         for ref, p in refs:
-            items.append(_Item(ref, program_name(p), "kernel"))
+            own = getattr(p, "timeout_s", None)
+            items.append(_Item(ref, program_name(p), "kernel", own))
             if include_xla and xla_reference(p) is not None:
-                items.append(_Item(ref, program_name(p), "xla"))
+                items.append(_Item(ref, program_name(p), "xla", own))
     return items
 
 
@@ -238,6 +241,9 @@ class _ChipRun:
                 pending = [i for i in pending if results[i] is None]
         return [r if r is not None else _missing() for r in results]
 
+    def _timeout(self, item: _Item) -> float:
+        return item.timeout_s if item.timeout_s is not None else self.timeout_s
+
     def _child(
         self, indices: list[int], dump: str, static: bool, results: list[dict[str, Any] | None]
     ) -> None:
@@ -307,7 +313,7 @@ class _ChipRun:
                     label = item.name + _suffix(item)
                     if msg.get("event") == "begin":
                         current = index
-                        deadline = time.monotonic() + self.timeout_s
+                        deadline = time.monotonic() + self._timeout(item)
                         self.report(Progress("profile", 0, 0, label, self.chip.name))
                     else:
                         results[index] = msg["result"]
@@ -350,7 +356,7 @@ class _ChipRun:
             status, note = "aborted", memory_note(rss, self.memory_cap)
         elif timed_out:
             status = "timeout"
-            note = f"no result within {self.timeout_s:.0f} s; the child was killed"
+            note = f"no result within {self._timeout(item):.0f} s; the child was killed"
         else:
             reason = _abort_reason(stderr, rc)
             status, note = "aborted", f"libtpu aborted the compile: {reason}"
