@@ -33,9 +33,10 @@ def test_chip_fixture_is_parametrizable(sim: Simulator, chip: str) -> None:
 
 
 def test_run_isolated_reports_hangs_and_output(run_isolated: Callable[..., Isolated]) -> None:
-    hung = run_isolated("import time; print('started', flush=True); time.sleep(60)", timeout=2)
+    # It never returns; 5 s is for a bare interpreter to start and print on a loaded machine.
+    hung = run_isolated("import time; print('started', flush=True); time.sleep(3600)", timeout=5)
     assert hung.timed_out
-    assert hung.status == "deadlock (timeout 2 s)"
+    assert hung.status == "deadlock (timeout 5 s)"
     assert "started" in hung.stdout
     done = run_isolated("import sys; print('out'); sys.exit(3)", timeout=30)
     assert (done.timed_out, done.returncode, done.stdout) == (False, 3, "out\n")
