@@ -33,6 +33,9 @@ class SyntheticTest(unittest.TestCase):
   def test_error(self):
     raise ValueError("broken on purpose\\nsecond line")
 
+  def test_bare_error(self):
+    raise AttributeError
+
   def test_hang(self):
     time.sleep(600)
 
@@ -85,16 +88,19 @@ def test_each_outcome_is_counted_with_its_first_line(
     synthetic: tuple[dict[str, Any], str],
 ) -> None:
     run = _file(synthetic[0], "tpu_synthetic_test.py")
+    lines = textwrap.dedent(SYNTHETIC).splitlines()
+    bare = f"tpu_synthetic_test.py:{lines.index('    raise AttributeError') + 1}"
     got = {t["nodeid"].rsplit("::", 1)[-1]: (t["status"], t["message"]) for t in run["tests"]}
     assert got == {
         "test_pass": ("pass", ""),
         "test_fail": ("fail", "AssertionError: 2 != 3 : one and one"),
         "test_error": ("error", "ValueError: broken on purpose"),
+        "test_bare_error": ("error", f"AttributeError: (no message) raised at {bare}"),
         "test_hang": ("hang", "no result within 8 s (pytest-timeout)"),
         "test_skip": ("skip", "skipped on purpose"),
         "test_tpu_gate": ("pass", ""),
     }
-    assert run["counts"] == {"pass": 2, "fail": 1, "error": 1, "hang": 1, "skip": 1}
+    assert run["counts"] == {"pass": 2, "fail": 1, "error": 2, "hang": 1, "skip": 1}
     assert run["processes"] == 2  # the hang ended the first child; the rest ran in a second
 
 
@@ -113,9 +119,9 @@ def test_the_table_has_a_row_per_file_and_the_non_passes(
     assert rows[0].startswith(
         "| tpu_broken_test | 0 | not run: ModuleNotFoundError: No module named"
     )
-    assert rows[1].startswith("| tpu_synthetic_test | 6 | 2/1/1/1/1 |")
+    assert rows[1].startswith("| tpu_synthetic_test | 7 | 2/1/2/1/1 |")
     assert "- `SyntheticTest::test_hang`: hang: no result within 8 s (pytest-timeout)" in table
-    assert "simulator: 6 tests, 2 pass, 1 fail, 1 error, 1 hang, 1 skip" in table
+    assert "simulator: 7 tests, 2 pass, 1 fail, 2 error, 1 hang, 1 skip" in table
 
 
 def test_stock_mode_sees_the_chip_on_the_host_devices(tmp_path: Path) -> None:

@@ -156,7 +156,11 @@ def _classify(report: pytest.TestReport, call: pytest.CallInfo[None]) -> tuple[S
     excinfo = call.excinfo
     if excinfo is None:
         return "error", _error_line(report.longreprtext)
-    message = f"{excinfo.typename}: {first_line(str(excinfo.value))}"
+    said = first_line(str(excinfo.value))
+    if not said and excinfo.traceback:
+        where = excinfo.traceback[-1]
+        said = f"(no message) raised at {Path(where.path).name}:{where.lineno + 1}"
+    message = f"{excinfo.typename}: {said}"
     if excinfo.typename == "SimulationDeadlock":
         return "hang", message
     if report.when == "call" and excinfo.errisinstance(AssertionError):
