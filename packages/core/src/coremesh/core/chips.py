@@ -95,6 +95,8 @@ class Chip:
     mxu_size: int
     ici_links: int
     ici_bytes_per_s: float
+    #: chips in the largest slice (pod) of this generation
+    max_slice_chips: int
     sources: Mapping[str, str]
     lanes: int = 128
     sublanes: int = 8
@@ -173,6 +175,7 @@ def _sources(**extra: str) -> Mapping[str, str]:
         "generation": JAX_TABLE,
         "ici_links": CLOUD_DOCS + " (ICI ports per chip; 3D torus: 6 neighbours, 2D: 4)",
         "ici_bytes_per_s": CLOUD_DOCS + " (ICI bandwidth per chip as the docs state it)",
+        "max_slice_chips": CLOUD_DOCS + " (chips in the largest slice: a pod)",
     }
     base.update(extra)
     return MappingProxyType(base)
@@ -200,6 +203,7 @@ _CHIPS: tuple[Chip, ...] = (
         mxu_size=128,
         ici_links=6,
         ici_bytes_per_s=300e9,
+        max_slice_chips=4096,
         sources=_sources(
             clock_hz="TPU v4 paper (arXiv 2304.01433): 1050 MHz",
             ici_bytes_per_s=CLOUD_DOCS + ": 2400 Gbps per chip",
@@ -228,6 +232,7 @@ _CHIPS: tuple[Chip, ...] = (
         mxu_size=128,
         ici_links=4,
         ici_bytes_per_s=200e9,
+        max_slice_chips=256,
         sources=_sources(
             clock_hz="derived: 197 TFLOP/s / (4 MXUs x 128 x 128 x 2 flops) = 1.50 GHz",
             ici_bytes_per_s=CLOUD_DOCS + ": 1600 Gbps per chip",
@@ -256,6 +261,7 @@ _CHIPS: tuple[Chip, ...] = (
         mxu_size=128,
         ici_links=6,
         ici_bytes_per_s=1200e9,
+        max_slice_chips=8960,
         sources=_sources(
             clock_hz="derived: 459 TFLOP/s / (2 cores x 4 MXUs x 128 x 128 x 2 flops) = 1.75 GHz",
             ici_bytes_per_s=CLOUD_DOCS + ": 1200 GB/s bidirectional per chip",
@@ -286,6 +292,7 @@ _CHIPS: tuple[Chip, ...] = (
         mxu_size=256,
         ici_links=4,
         ici_bytes_per_s=800e9,
+        max_slice_chips=256,
         sources=_sources(
             clock_hz="derived, unconfirmed: 918 TFLOP/s / (4 MXU-equivalents of 256x256 x 2 "
             "flops) = 1.75 GHz; no published clock",
@@ -315,6 +322,7 @@ _CHIPS: tuple[Chip, ...] = (
         mxu_size=256,
         ici_links=6,
         ici_bytes_per_s=1200e9,
+        max_slice_chips=9216,
         sources=_sources(
             clock_hz="derived, unconfirmed: 2307 TFLOP/s / (2 cores x 4 MXU-equivalents of "
             "256x256 x 2 flops) = 2.2 GHz; no published clock",
