@@ -16,7 +16,9 @@ if TYPE_CHECKING:
     from coremesh.testing.sim.errors import (
         NotSimulatedError,
         SimulationDeadlock,
+        SimulationFault,
         SimulationRaceError,
+        UnfinishedKernelError,
     )
     from coremesh.testing.sim.patches import PATCH_NAMES
     from coremesh.testing.sim.simulator import SimParams, Simulator, simulate
@@ -26,6 +28,8 @@ _WHERE = {
     "configure_host_devices": "devices",
     "NotSimulatedError": "errors",
     "SimulationDeadlock": "errors",
+    "SimulationFault": "errors",
+    "UnfinishedKernelError": "errors",
     "SimulationRaceError": "errors",
     "PATCH_NAMES": "patches",
     "SimParams": "simulator",
@@ -39,8 +43,10 @@ __all__ = [
     "NotSimulatedError",
     "SimParams",
     "SimulationDeadlock",
+    "SimulationFault",
     "SimulationRaceError",
     "Simulator",
+    "UnfinishedKernelError",
     "configure_host_devices",
     "simulate",
 ]

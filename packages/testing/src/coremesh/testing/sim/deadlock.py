@@ -19,9 +19,10 @@ import dataclasses
 import itertools
 import threading
 import time
+from typing import Any
 
 from coremesh.testing.sim.chip import current_name
-from coremesh.testing.sim.errors import SimulationDeadlock
+from coremesh.testing.sim.errors import SimulationDeadlock, SimulationFault
 
 DEFAULT_DEADLINE_S = 20.0
 
@@ -54,6 +55,8 @@ class Watchdog:
         self._keys = itertools.count()
         self._last_progress = time.monotonic()
         self._failure: Exception | None = None
+        #: (device, core, wait) of waits a failure stopped, in this run
+        self._stopped: list[tuple[int | None, int | None, str]] = []
 
     # Progress ---------------------------------------------------------------------------
 
@@ -73,8 +76,30 @@ class Watchdog:
         with self._lock:
             self._waits.pop(key, None)
 
+    def abandon(self, key: int) -> None:
+        """The wait ``key`` was aborted: list it after the fault that stopped it, if any."""
+        with self._lock:
+            wait = self._waits.get(key)
+        if wait is not None:
+            self.stopped(wait.device, wait.core, wait.describe())
+
+    def stopped(self, device: int | None, core: int | None, text: str) -> None:
+        """A core's wait was stopped by a failure: listed after the fault (it may not be
+        recorded yet; :meth:`record` adds the ones noted before it)."""
+        with self._lock:
+            self._stopped.append((device, core, text))
+            failure = self._failure
+        if isinstance(failure, SimulationFault) and (device, core) != (
+            failure.device,
+            failure.core,
+        ):
+            failure.add_blocked(text)
+
     def check(self, key: int, count: int) -> None:
-        """Raise :class:`SimulationDeadlock` if the wait ``key`` can no longer finish."""
+        """Raise :class:`SimulationDeadlock` if the wait ``key`` can no longer finish; stop it
+        at once if a fault was recorded (the run is over, and the fault is its error)."""
+        if self._failure is not None:
+            raise RuntimeError("stopped: another simulated core failed")
         now = time.monotonic()
         with self._lock:
             wait = self._waits[key]
@@ -114,17 +139,31 @@ class Watchdog:
         with self._lock:
             if self._failure is None:
                 self._failure = err
+                if isinstance(err, SimulationFault):
+                    for device, core, text in self._stopped:
+                        if (device, core) != (err.device, err.core):
+                            err.add_blocked(text)
 
     def take(self) -> Exception | None:
         with self._lock:
             err, self._failure = self._failure, None
+            self._stopped.clear()
             return err
 
     def reset(self) -> None:
         with self._lock:
             self._waits.clear()
+            self._stopped.clear()
             self._failure = None
         self.progress()
+
+
+def semaphore_description(sem: Any) -> str:
+    """How errors name one of the interpreter's semaphores."""
+    fixed = sem.shared_memory.fixed_id_sem
+    if fixed.get(sem.id) is sem:
+        return f"the barrier semaphore (collective_id={sem.id})"
+    return f"semaphore #{sem.id - 2000} of the kernel (id {sem.id})"
 
 
 WATCHDOG = Watchdog()

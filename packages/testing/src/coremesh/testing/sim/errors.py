@@ -62,3 +62,65 @@ def race_error(found: list[str], chip: str | None) -> SimulationRaceError:
         fix="order the accesses with a semaphore signal/wait (or a DMA wait), give each core a "
         "disjoint slice, or use a semaphore per pipeline step",
     )
+
+
+class SimulationFault(CoremeshError, RuntimeError):  # noqa: N818  (as SimulationDeadlock)
+    """An operation inside a simulated kernel failed (an index out of bounds, a DMA to a device
+    that does not exist, a copy between refs of different shapes, ...).
+
+    On a chip most of these corrupt memory or hang; the simulator stops the run and raises this
+    from the call instead of XLA's ``JaxRuntimeError``. ``device``, ``core``, ``kernel``,
+    ``location`` (the user's ``file:line``), ``operation``, ``buffer`` and ``index`` say where;
+    ``blocked`` lists the waits of other cores the fault left blocked. ``__cause__`` is the
+    interpreter's own exception, with its traceback.
+    """
+
+    def __init__(
+        self,
+        what: str,
+        *,
+        device: int | None,
+        core: int | None,
+        kernel: str | None,
+        location: str | None,
+        operation: str,
+        buffer: str | None = None,
+        index: str | None = None,
+        rule: str | None = None,
+        chip: str | None = None,
+        fix: str | None = None,
+    ) -> None:
+        self.device = device
+        self.core = core
+        self.kernel = kernel
+        self.location = location
+        self.operation = operation
+        self.buffer = buffer
+        self.index = index
+        self.blocked: tuple[str, ...] = ()
+        super().__init__(what, rule=rule, chip=chip, fix=fix)
+
+    def add_blocked(self, wait: str) -> None:
+        """Note a wait of another core that the fault stopped (listed after the fault); a
+        core is in one wait at a time, so its first description (``"device d, core c: ..."``)
+        stands."""
+        core = wait.partition(":")[0]
+        if all(b.partition(":")[0] != core for b in self.blocked):
+            self.blocked = (*self.blocked, wait)
+            self.args = (self._format(),)
+
+    def _format(self) -> str:
+        text = super()._format()
+        blocked = getattr(self, "blocked", ())
+        return text + "".join(f"\n  left blocked: {w}" for w in blocked)
+
+    def __str__(self) -> str:
+        return self._format()
+
+
+class UnfinishedKernelError(CoremeshError, RuntimeError):
+    """A kernel ended with work outstanding: a semaphore above zero or a DMA never waited.
+
+    The chip refuses to finish such a kernel (its semaphores must be zero at exit), and the data
+    of a DMA nobody waited for is undefined.
+    """

@@ -39,7 +39,7 @@ from coremesh.testing.sim.chip import (
     enter,
     leave,
 )
-from coremesh.testing.sim.deadlock import WATCHDOG
+from coremesh.testing.sim.deadlock import WATCHDOG, semaphore_description
 from coremesh.testing.sim.errors import race_error
 
 
@@ -629,13 +629,6 @@ def _compile_cache_targets() -> list[tuple[Any, str, Any]]:
     return [(thread_map, "_run_jaxpr", _compile_cache)]
 
 
-def _semaphore_description(sem: Any) -> str:
-    fixed = sem.shared_memory.fixed_id_sem
-    if fixed.get(sem.id) is sem:
-        return f"the barrier semaphore (collective_id={sem.id})"
-    return f"semaphore #{sem.id - 2000} of the kernel (id {sem.id})"
-
-
 def _watchdog_targets() -> list[tuple[Any, str, Any]]:
     from jax._src import dispatch
     from jax._src.interpreters import pxla
@@ -655,11 +648,14 @@ def _watchdog_targets() -> list[tuple[Any, str, Any]]:
         # check_failed below asks the watchdog whether it has become a deadlock.
         gcid = int(global_core_id)
         device, core = divmod(gcid, self.shared_memory.num_cores_per_device)
-        key = WATCHDOG.begin_wait(device, core, _semaphore_description(self), int(value))
+        key = WATCHDOG.begin_wait(device, core, semaphore_description(self), int(value))
         outer = getattr(current, "wait", None)
         current.wait = (key, self, gcid)
         try:
             return orig_wait(self, value, global_core_id, **kw)
+        except Exception:
+            WATCHDOG.abandon(key)  # a fault elsewhere stopped it: listed after the fault
+            raise
         finally:
             current.wait = outer
             WATCHDOG.end_wait(key)
@@ -707,7 +703,8 @@ def _watchdog_targets() -> list[tuple[Any, str, Any]]:
             WATCHDOG.reset()
             if failure is None:
                 raise
-            raise failure from err
+            # A fault keeps the interpreter's exception (with its traceback) as its cause.
+            raise failure from (failure.__cause__ or err)
         return out
 
     return [
@@ -766,6 +763,18 @@ def _race_report_targets() -> list[tuple[Any, str, Any]]:
         return orig_validate(token, device_id)
 
     return [(ipc, "_validate", validate)]
+
+
+def _fault_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import faults
+
+    return faults.targets()
+
+
+def _refusal_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import refusals
+
+    return refusals.targets()
 
 
 PATCHES: tuple[Patch, ...] = (
@@ -844,6 +853,19 @@ PATCHES: tuple[Patch, ...] = (
         "detected races are only printed (race_detection_state.py); jax 0.12 raises at the race",
         _race_report_targets,
         fixed_in="0.12.0",
+    ),
+    Patch(
+        "fault_report",
+        "an exception inside a kernel's callback reaches the user as 'JaxRuntimeError: "
+        "INTERNAL: CpuCallback error' (callback.py), without device, core, line or buffer",
+        _fault_targets,
+    ),
+    Patch(
+        "kernel_refusals",
+        "the interpreter runs what the chip refuses: VMEM/SMEM beyond the chip's, a barrier "
+        "semaphore without a collective id, and a kernel that ends with a semaphore above zero "
+        "or a DMA never waited (it only prints, interpret_pallas_call.py:310)",
+        _refusal_targets,
     ),
 )
 

@@ -30,6 +30,7 @@ from coremesh.testing.sim.chip import SimulatedChip
 from coremesh.testing.sim.deadlock import DEFAULT_DEADLINE_S, WATCHDOG
 from coremesh.testing.sim.devices import configure_host_devices, cpu_devices
 from coremesh.testing.sim.errors import race_error
+from coremesh.testing.sim.refusals import check_devices
 
 DmaMode = Literal["on_wait", "eager"]
 
@@ -103,6 +104,7 @@ class Simulator:
                 chip=record.name,
                 fix="pass devices=1, 2, 4, ...",
             )
+        check_devices(devices, record, cores)
         if dma_execution_mode not in ("on_wait", "eager"):
             raise CoremeshError(
                 f"dma_execution_mode={dma_execution_mode!r}",
@@ -265,7 +267,7 @@ class Simulator:
                 self._devices = ()
             stack.close()
         if failure is not None and failure is not exc:
-            raise failure from exc
+            raise failure from (failure.__cause__ or exc)
 
     def _raise_races(self) -> None:
         found = patches.RACES.drain()

@@ -1,0 +1,343 @@
+"""Faults inside simulated kernels become :class:`SimulationFault`, raised from the call.
+
+The interpreter runs each ref access, DMA and semaphore operation of a kernel as a host callback.
+An exception raised there (an index out of bounds, a DMA to a device that does not exist) reaches
+the user as XLA's ``JaxRuntimeError: INTERNAL: CpuCallback error`` around an interpreter
+traceback, and when another core was waiting, often as that core's deadlock instead. Here every
+callback is wrapped in a ``try``/``except`` (no other per-operation cost): the first exception of
+a run is turned into a :class:`SimulationFault` naming the device, core, kernel, the user's source
+line, the buffer and the index, and recorded with the watchdog; the interpreter's own failure
+flag then aborts the other cores' waits, which are listed after the fault, and the simulator
+raises the fault from the call (``patches``' execute wrapper) with the original exception as its
+``__cause__``.
+
+Kernel names are known at trace time only: :func:`register_kernel` maps the source info of every
+equation of a kernel to its name when the interpreter traces it.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from coremesh.core.errors import CoremeshError
+from coremesh.testing.sim.chip import current_name
+from coremesh.testing.sim.deadlock import WATCHDOG
+from coremesh.testing.sim.errors import SimulationFault
+
+#: Interpreter callbacks (module attributes of interpret_pallas_call) -> what the user wrote.
+CALLBACKS = {
+    "get": "a load from a ref",
+    "store": "a store to a ref",
+    "swap": "a store to a ref",  # `ref[...] = x` is a swap whose old value is dropped
+    "dma_start": "a DMA start",
+    "dma_wait": "a DMA wait",
+    "semaphore_signal": "a semaphore signal",
+    "semaphore_wait": "a semaphore wait",
+    "_allocate_buffer": "a scratch buffer allocation",
+    "_allocate_semaphores": "a semaphore allocation",
+    "get_barrier_semaphore": "pltpu.get_barrier_semaphore()",
+}
+
+#: Callbacks whose third argument is the local core id (the others take other things there).
+_WITH_CORE = frozenset(CALLBACKS) - {"get_barrier_semaphore"}
+
+_MAX_NAMED = 200_000
+_names_lock = threading.Lock()
+#: id(traceback of an equation's source info) -> (that traceback, kernel name), oldest first.
+_kernel_names: collections.OrderedDict[int, tuple[Any, str, str | None]] = collections.OrderedDict()
+
+
+def register_kernel(jaxpr: Any, name: str | None, where: str | None = None) -> None:
+    """Remember that the equations of ``jaxpr`` (nested ones too) belong to kernel ``name``,
+    whose body is defined at ``where``."""
+    if not name:
+        return
+    with _names_lock:
+        for eqn in _all_eqns(jaxpr):
+            tb = getattr(eqn.source_info, "traceback", None)
+            if tb is not None:
+                _kernel_names[id(tb)] = (tb, name, where)  # holding tb keeps its id unique
+        while len(_kernel_names) > _MAX_NAMED:
+            _kernel_names.popitem(last=False)
+
+
+def _all_eqns(jaxpr: Any) -> list[Any]:
+    out: list[Any] = []
+    stack = [getattr(jaxpr, "jaxpr", jaxpr)]
+    while stack:
+        inner = stack.pop()
+        for eqn in getattr(inner, "eqns", ()):
+            out.append(eqn)
+            for value in eqn.params.values():
+                items = value if isinstance(value, tuple | list) else (value,)
+                for item in items:
+                    sub = getattr(item, "jaxpr", item)
+                    if hasattr(sub, "eqns"):
+                        stack.append(sub)
+    return out
+
+
+def kernel_of(source_info: Any) -> tuple[str | None, str | None]:
+    """(name, where its body is defined) of the kernel an operation belongs to, if known."""
+    tb = getattr(source_info, "traceback", None)
+    hit = _kernel_names.get(id(tb)) if tb is not None else None
+    return (hit[1], hit[2]) if hit is not None and hit[0] is tb else (None, None)
+
+
+def user_location(source_info: Any) -> str | None:
+    """``file:line (function)`` of the user's frame that made the operation."""
+    from jax._src import source_info_util
+
+    tb = getattr(source_info, "traceback", None)
+    frame = source_info_util.user_frame(tb) if tb is not None else None
+    if frame is None:
+        return None
+    return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
+
+
+# ------------------------------------------------------------------------ the wrappers
+
+
+def guard(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (an interpreter callback) reporting its first failure as a SimulationFault."""
+
+    def guarded(*args: Any, **kw: Any) -> Any:
+        try:
+            return fn(*args, **kw)
+        except Exception as err:
+            _report(name, args, kw, err)
+            raise
+
+    guarded.__name__ = guarded.__qualname__ = name
+    # DMAs call get.__wrapped__ / store.__wrapped__ (interpret_pallas_call.py:995): keep it.
+    guarded.__wrapped__ = getattr(fn, "__wrapped__", fn)  # type: ignore[attr-defined]
+    return guarded
+
+
+def guard_dma(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A ``DMA`` method that tags its exception with the DMA (run late, by another callback)."""
+
+    def guarded(self: Any, *args: Any, **kw: Any) -> Any:
+        try:
+            return fn(self, *args, **kw)
+        except Exception as err:
+            if not hasattr(err, "_coremesh_dma"):
+                err._coremesh_dma = self  # type: ignore[attr-defined]
+            raise
+
+    guarded.__name__ = getattr(fn, "__name__", "dma")
+    return guarded
+
+
+def _report(name: str, args: tuple[Any, ...], kw: dict[str, Any], err: Exception) -> None:
+    if isinstance(err, CoremeshError):
+        WATCHDOG.record(err)  # the simulator's own errors already say what happened
+        return
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    if "RACE DETECTED" in str(err):
+        return  # jax >= 0.12's race report: the simulator names it (patches' execute)
+    sm = ipc._shared_memory
+    failure = getattr(sm, "_failure", None)
+    if failure is not None and failure is not err:
+        # A core stopped because another one failed: not the fault, but a wait it stopped.
+        if name in ("semaphore_wait", "dma_wait") and len(args) > 2:
+            where = user_location(kw.get("source_info"))
+            WATCHDOG.stopped(
+                _int(args[1]),
+                _int(args[2]),
+                f"device {_int(args[1])}, core {_int(args[2])}: {CALLBACKS[name]}"
+                + (f" at {where}" if where else ""),
+            )
+        return
+    try:
+        fault = describe(name, args, kw, err, sm)
+    except Exception:  # describing must never hide the original failure
+        return
+    fault.__cause__ = err
+    WATCHDOG.record(fault)
+    for wait in WATCHDOG.pending():
+        if (wait.device, wait.core) != (fault.device, fault.core):
+            fault.add_blocked(wait.describe())
+
+
+def _int(x: Any) -> int | None:
+    try:
+        return int(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def describe(
+    name: str, args: tuple[Any, ...], kw: dict[str, Any], err: Exception, sm: Any
+) -> SimulationFault:
+    """The SimulationFault for ``err`` raised by callback ``name`` called with ``args``."""
+    device = _int(args[1]) if len(args) > 1 else None
+    core = _int(args[2]) if len(args) > 2 and name in _WITH_CORE else None
+    dma = getattr(err, "_coremesh_dma", None)
+    source_info = getattr(dma, "source_info", None) or kw.get("source_info")
+    kernel, body = kernel_of(source_info)
+    location = user_location(source_info)
+    if location is None and body:
+        # jax keeps the innermost 10 frames of a traceback; helpers such as pltpu.sync_copy
+        # can use them all up before the user's line.
+        location = f"the kernel's body ({body}; the operation's own line is deeper than jax keeps)"
+    operation = CALLBACKS[name]
+    buffer = index = None
+    rule = "the operation raised inside the simulator's interpreter"
+    fix = "see the cause below for the interpreter's own message"
+    message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if name in ("get", "store", "swap") and len(args) > 5:
+        buffer = _buffer(sm, args[3], args[4], device, core)
+        index = _range(args[5])
+        if isinstance(err, IndexError | ValueError) and "bound" in message.lower():
+            operation = f"{operation} out of bounds"
+            rule = (
+                "every index of a ref access lies inside the ref's shape; the chip does not "
+                "check, and reads or overwrites other memory"
+            )
+            fix = (
+                "keep the pl.ds(start, size) / index within the ref (clamp it, or size the "
+                "buffer for the largest index)"
+            )
+    elif dma is not None or name == "dma_start":
+        operation, buffer, index, rule, fix = _dma_parts(args, dma, sm, device, message)
+    elif name == "semaphore_signal":
+        target = _int(args[5]) if len(args) > 5 else None
+        n = getattr(sm, "num_devices", None)
+        if target is not None and n is not None and not 0 <= target < n:
+            operation = f"a semaphore signal to device {target}"
+            rule = f"a signal's device_id names a device of the kernel's mesh (0..{n - 1})"
+            fix = "compute the target device modulo jax.lax.axis_size('device')"
+    elif name == "get_barrier_semaphore":
+        rule = "a kernel that uses the barrier semaphore needs a collective_id"
+        fix = "pass collective_id= to the kernel (coremesh.tensorcore.kernel(collective_id='auto'))"
+    where = f"device {device}, core {core}" if core is not None else f"device {device}"
+    what = (
+        f"{operation} failed on {where}"
+        + (f" in kernel {kernel!r}" if kernel else "")
+        + (f" at {location}" if location else "")
+        + (f"; buffer {buffer}" if buffer else "")
+        + (f", index {index}" if index else "")
+        + f": {type(err).__name__}: {message}"
+    )
+    return SimulationFault(
+        what,
+        device=device,
+        core=core,
+        kernel=kernel,
+        location=location,
+        operation=operation,
+        buffer=buffer,
+        index=index,
+        rule=rule,
+        chip=current_name(),
+        fix=fix,
+    )
+
+
+def _dma_parts(
+    args: tuple[Any, ...], dma: Any, sm: Any, device: int | None, message: str
+) -> tuple[str, str | None, str | None, str, str]:
+    """(operation, buffers, ranges, rule, fix) of a failed DMA: from the DMA object when it
+    failed while running, from dma_start's arguments when it failed to start."""
+    if dma is not None:
+        src = (dma.src_memory_space, dma.src_buffer_id, dma.src_device_id)
+        src_core, src_t = dma.src_local_core_id, dma.src_transforms
+        dst = (dma.dst_memory_space, dma.dst_buffer_id, dma.dst_device_id)
+        dst_core, dst_t = dma.dst_local_core_id, dma.dst_transforms
+    else:
+        src_core = _int(args[2])
+        src, src_t = (args[3], args[4], device), args[5]
+        target = args[11] if len(args) > 11 else None
+        dst_device = target[0] if isinstance(target, tuple) else target
+        dst_device = device if dst_device is None else _int(dst_device)
+        dst, dst_t, dst_core = (args[6], args[7], dst_device), args[8], src_core
+    n = getattr(sm, "num_devices", None)
+    dst_dev = _int(dst[2])
+    if dst_dev is not None and n is not None and not 0 <= dst_dev < n:
+        return (
+            f"a remote DMA to device {dst_dev}",
+            _buffer(sm, src[0], src[1], _int(src[2]), _int(src_core)),
+            _range(src_t),
+            f"a DMA's device_id names a device of the kernel's mesh (0..{n - 1}); the slice "
+            f"has {n}",
+            "compute the target device modulo jax.lax.axis_size('device') (e.g. "
+            "(me + 1) % n for a ring)",
+        )
+    src_b = _buffer(sm, src[0], src[1], _int(src[2]), _int(src_core))
+    dst_b = _buffer(sm, dst[0], dst[1], dst_dev, _int(dst_core))
+    ranges = f"source {_range(src_t)}, destination {_range(dst_t)}"
+    if "shape" in message.lower() or "broadcast" in message.lower():
+        return (
+            "a DMA between refs of different shapes",
+            f"from {src_b} to {dst_b}",
+            ranges,
+            "a DMA copies a source window to a destination window of the same shape and dtype",
+            "slice one side to the other's shape (src.at[pl.ds(...)] / dst.at[...])",
+        )
+    return (
+        "a DMA",
+        f"from {src_b} to {dst_b}",
+        ranges,
+        "a DMA reads and writes windows inside its source and destination refs",
+        "check the DMA's source and destination slices and device_id",
+    )
+
+
+def _buffer(sm: Any, space: Any, buffer_id: Any, device: int | None, core: int | None) -> str:
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    space_i = _int(space)
+    space_name = ipc.TPU_MEMORY_SPACE_NAMES.get(space_i, str(space)) if space_i is not None else "?"
+    bid = _int(buffer_id)
+    local = 0 if space_name in ("any", "hbm") else core
+    try:
+        buf = sm.mem[(space_name, bid, device, local)]
+        content = getattr(buf, "content", buf)
+        shape = tuple(getattr(buf, "logical_shape", None) or content.shape)
+        dims = ",".join(map(str, shape))
+        return f"{space_name.upper()} {content.dtype}[{dims}] (buffer #{bid})"
+    except Exception:
+        return f"{space_name.upper()} buffer #{bid}"
+
+
+def _range(transforms: Any) -> str | None:
+    from jax._src.pallas.mosaic.interpret import utils as iu
+
+    from coremesh.testing.sim.patches import int_tree
+
+    try:
+        parts = []
+        for r in iu.to_range(int_tree(transforms)):
+            if isinstance(r, slice):
+                parts.append(
+                    f"{r.start}:{r.stop}" + (f":{r.step}" if r.step not in (1, None) else "")
+                )
+            else:
+                parts.append(str(r))
+        return f"[{', '.join(parts)}]" if parts else "the whole ref"
+    except Exception:
+        return None
+
+
+def targets() -> list[tuple[Any, str, Any]]:
+    """Module attributes to swap: every interpreter callback and the DMA's two copy steps."""
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    out: list[tuple[Any, str, Any]] = []
+    for name in CALLBACKS:
+        fn = getattr(ipc, name, None)
+        if fn is None:
+            continue
+        if not hasattr(fn, "__wrapped__"):
+            # Upstream calls get_barrier_semaphore bare: its failure would not stop the other
+            # cores, which then wait until the deadlock deadline.
+            fn = ipc.fail_on_exception(fn)
+        out.append((ipc, name, guard(name, fn)))
+    for method in ("execute_read", "execute_read_and_write"):
+        out.append((ipc.DMA, method, guard_dma(getattr(ipc.DMA, method))))
+    return out

@@ -1,0 +1,181 @@
+"""What the chip refuses, the simulator refuses: checks around every interpreted kernel.
+
+Pallas' interpreter runs kernels a TPU would never run, and answers with wrong data instead of
+an error: VMEM or SMEM beyond the chip's, a barrier semaphore without a collective id, a kernel
+that ends with a semaphore above zero or a DMA nobody waited for (its output is NaN). Before a
+kernel is traced into the interpreter, :func:`check_kernel` measures its scratch and pipeline
+buffers with the compile check's own count (``coremesh.testing.aot.validate``: tile-padded,
+the deepest ``run_scoped`` nest) and looks for the barrier semaphore; when a kernel ends on a
+device, :func:`check_kernel_end` reads the interpreter's semaphores. :func:`check_devices` bounds
+``simulate(devices=...)`` by the largest slice of the chip and by what the host can run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from coremesh.core.capacity import check_fits
+from coremesh.core.chips import Chip
+from coremesh.core.errors import CollectiveIdError, MeshError
+from coremesh.testing.sim.chip import SimulatedChip
+from coremesh.testing.sim.deadlock import semaphore_description
+from coremesh.testing.sim.errors import UnfinishedKernelError
+from coremesh.testing.sim.faults import register_kernel, user_location
+
+#: Host CPU devices the simulator runs at most. Each is one XLA CPU device with its own threads,
+#: and a simulated core blocked on a semaphore holds one: measured on a 2-CPU, 23 GiB machine,
+#: 1024 host devices start in 1.3 s; 4096 take 8.5 s to start and then fail to run a program with
+#: an XLA error, and 10**6 never start (the process grows to GBs).
+MAX_HOST_DEVICES = 1024
+
+
+def check_devices(devices: int, chip: Chip, cores_per_device: int) -> None:
+    """Refuse more simulated devices than a slice of ``chip`` has, or than the host can run."""
+    most = chip.max_slice_chips * chip.devices_per_chip(cores_per_device)
+    if devices > most:
+        raise MeshError(
+            f"devices={devices}: the largest {chip.name} slice has {chip.max_slice_chips} chips, "
+            f"{most} devices with {cores_per_device} TensorCore(s) each",
+            rule=f"a simulated slice is at most the chip's largest topology ({most} devices)",
+            chip=chip.name,
+            fix=f"simulate at most {min(most, MAX_HOST_DEVICES)} devices; a kernel's behaviour "
+            "rarely needs more than 4 to 16",
+        )
+    if devices > MAX_HOST_DEVICES:
+        raise MeshError(
+            f"devices={devices}: the simulator runs each device as a host CPU device, and "
+            f"this host runs at most {MAX_HOST_DEVICES}",
+            rule=f"simulate() accepts 1 to {MAX_HOST_DEVICES} devices (XLA's CPU runtime fails "
+            "or hangs beyond that)",
+            chip=chip.name,
+            fix="simulate fewer devices (4 to 16 show a kernel's collective behaviour), or "
+            "compile for the full slice with coremesh.testing.aot",
+        )
+
+
+# ------------------------------------------------------------------------ before tracing
+
+
+def check_kernel(
+    jaxpr: Any, *, mesh: Any, compiler_params: Any, name: str | None, chip: SimulatedChip
+) -> None:
+    """Refuse a kernel the chip would refuse; remember its name for fault reports."""
+    from coremesh.testing.aot import validate
+
+    debug = getattr(jaxpr, "debug_info", None)
+    name = name or getattr(debug, "func_name", None)
+    register_kernel(jaxpr, name, getattr(debug, "func_src_info", None))
+    label = f"kernel {name!r}" if name else "a kernel"
+    sparsecore = mesh is not None and "Subcore" in type(mesh).__name__
+    inner = getattr(jaxpr, "jaxpr", jaxpr)
+    vmem, smem = validate._scoped_bytes(inner, chip.chip, own=inner.invars, tiled=not sparsecore)
+    what = f"{label}: scratch and pipeline buffers"
+    if sparsecore:
+        check_fits(vmem, chip.chip, "sparsecore_vmem", what=what)
+    else:
+        limit = validate._clamped(validate._vmem_limit(compiler_params), chip.chip)
+        check_fits(vmem, chip.chip, "vmem", vmem_limit_bytes=limit, what=what)
+    check_fits(smem, chip.chip, "smem", what=what)
+    if getattr(compiler_params, "collective_id", None) is None:
+        for eqn in _barrier_uses(inner):
+            where = user_location(eqn.source_info)
+            raise CollectiveIdError(
+                f"{label} uses the barrier semaphore (pltpu.get_barrier_semaphore()"
+                + (f" at {where}" if where else "")
+                + ") but has no collective_id",
+                rule="the barrier semaphore is shared by every kernel with the same "
+                "collective_id, so a kernel that uses it needs one",
+                chip=chip.name,
+                fix="pass collective_id= (coremesh.tensorcore.kernel(collective_id='auto'), or "
+                "compiler_params=pltpu.CompilerParams(collective_id=0) to pl.kernel / "
+                "pl.pallas_call)",
+            )
+
+
+def _barrier_uses(jaxpr: Any) -> Iterator[Any]:
+    from jax._src.pallas.mosaic import primitives as mosaic_primitives
+
+    from coremesh.testing.sim.faults import _all_eqns
+
+    for eqn in _all_eqns(jaxpr):
+        if eqn.primitive is mosaic_primitives.get_barrier_semaphore_p:
+            yield eqn
+
+
+# ------------------------------------------------------------------------ at kernel end
+
+
+def check_kernel_end(sm: Any, device: int, chip: str) -> None:
+    """Refuse a kernel that ends on ``device`` with a semaphore above zero or a DMA unwaited."""
+    cores = sm.get_global_core_ids(device)
+    with sm.lock:
+        sems = [*sm.sem.values(), *sm.fixed_id_sem.values()]
+    found: list[str] = []
+    for sem in sems:
+        name = semaphore_description(sem)
+        with sem.cv:
+            for gcid in cores:
+                count = int(sem.count_by_core[gcid])
+                # A finished DMA leaves its other semaphore's task queued (a no-op): skip it.
+                dmas = [
+                    d
+                    for d in (getattr(t, "__self__", None) for t in sem.tasks[gcid])
+                    if getattr(getattr(d, "state", None), "name", None) != "COMPLETED"
+                ]
+                core = gcid - cores[0]
+                if dmas:
+                    lines = sorted(
+                        {user_location(getattr(d, "source_info", None)) or "?" for d in dmas}
+                    )
+                    found.append(
+                        f"core {core}: {len(dmas)} DMA(s) signalling {name} were never waited "
+                        f"for (started at {', '.join(lines)})"
+                    )
+                elif count:
+                    found.append(f"core {core}: {name} ends at count {count}")
+    if not found:
+        return
+    raise UnfinishedKernelError(
+        f"a kernel ended on device {device} with work outstanding: " + "; ".join(found),
+        rule="a kernel must wait for every DMA it starts and bring every semaphore it signals "
+        "(the barrier semaphore included) back to zero before it ends; the chip refuses to "
+        "finish it, and the data of an unwaited DMA is undefined",
+        chip=chip,
+        fix="add the missing .wait() for each DMA (or pltpu.semaphore_wait for each signal), "
+        "or signal fewer times",
+    )
+
+
+def targets() -> list[tuple[Any, str, Any]]:
+    """The interpreter's kernel entry (checks before tracing) and its kernel-exit hook."""
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    from coremesh.testing.sim.chip import current
+    from coremesh.testing.sim.deadlock import WATCHDOG
+
+    orig_call = ipc.interpret_pallas_call
+    prev_validate = ipc._validate
+    orig_validate = getattr(prev_validate, "__wrapped__", prev_validate)
+
+    def interpret_pallas_call(*args: Any, **kw: Any) -> Any:
+        check_kernel(
+            kw["jaxpr"],
+            mesh=kw.get("mesh"),
+            compiler_params=kw.get("compiler_params"),
+            name=kw.get("name"),
+            chip=current(),
+        )
+        return orig_call(*args, **kw)
+
+    @ipc.fail_on_exception
+    def validate(token: Any, device_id: Any) -> Any:
+        out = orig_validate(token, device_id)
+        try:
+            check_kernel_end(ipc._get_shared_memory(), int(device_id), current().name)
+        except UnfinishedKernelError as err:
+            WATCHDOG.record(err)
+            raise
+        return out
+
+    return [(ipc, "interpret_pallas_call", interpret_pallas_call), (ipc, "_validate", validate)]

@@ -1,0 +1,202 @@
+"""What the chip refuses, the simulator refuses: memory, unfinished kernels, barriers, slices."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from coremesh import tensorcore as tc
+from coremesh.core import jax_compat
+from coremesh.core.capacity import padded_nbytes
+from coremesh.core.chips import get_chip
+from coremesh.core.errors import CapacityError, CollectiveIdError, MeshError
+from coremesh.testing.sim import SimulationFault, UnfinishedKernelError, patches, simulate
+from coremesh.testing.sim.refusals import MAX_HOST_DEVICES
+
+pytestmark = pytest.mark.sim
+
+MiB = 2**20
+X = jax.ShapeDtypeStruct((8, 128), jnp.float32)
+
+
+def run(body: Any, scratch: list[Any], **kw: Any) -> Any:
+    f = pl.kernel(
+        body, out_type=X, mesh=jax_compat.tensorcore_mesh("core"), scratch_types=scratch, **kw
+    )
+    return jax.jit(f)(jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128))
+
+
+def copy_through(x_hbm: Any, o_hbm: Any, *scratch: Any) -> None:
+    pltpu.sync_copy(x_hbm, o_hbm)
+
+
+@pytest.mark.parametrize(
+    ("scratch", "space", "needed"),
+    [
+        # 256 MiB of VMEM scratch on a v5p (16 MiB scoped limit, 64 MiB physical)
+        ([pltpu.VMEM((65536, 1024), jnp.float32)], "VMEM", 256 * MiB),
+        # (n, 1) float32 takes whole (8, 128) tiles: 3 x 48 KiB raw, 3 x 6 MiB padded
+        ([pltpu.VMEM((12288, 1), jnp.float32)] * 3, "VMEM", 18 * MiB),
+        # 2 MiB of SMEM on a core with 1 MiB
+        ([pltpu.SMEM((2**19,), jnp.int32)], "SMEM", 2 * MiB),
+    ],
+)
+def test_scratch_over_the_chips_memory_is_refused_before_running(
+    scratch: list[Any], space: str, needed: int
+) -> None:
+    chip = get_chip("v5p")
+    padded = sum(padded_nbytes(s.shape, s.dtype, chip) for s in scratch)
+    assert padded == needed  # the count is the compile check's, tile-padded
+    with (
+        simulate(chip="v5p", devices=1),
+        pytest.raises(CapacityError, match=f"needs {padded / MiB:.2f} MiB of {space}") as info,
+    ):
+        run(copy_through, scratch)
+    assert info.value.chip == "v5p"
+    assert "scratch and pipeline buffers" in str(info.value)
+
+
+def test_scratch_that_fits_runs() -> None:
+    with simulate(chip="v5p", devices=1):
+        out = run(copy_through, [pltpu.VMEM((1024, 1024), jnp.float32)])  # 4 MiB
+    np.testing.assert_array_equal(np.asarray(out), np.arange(8 * 128).reshape(8, 128))
+
+
+def test_raising_the_vmem_limit_lets_a_large_scratch_run() -> None:
+    # 24 MiB is over v5p's 16 MiB scoped default but within its physical VMEM.
+    params = pltpu.CompilerParams(vmem_limit_bytes=32 * MiB)
+    scratch = [pltpu.VMEM((6144, 1024), jnp.float32)]
+    with simulate(chip="v5p", devices=1):
+        with pytest.raises(CapacityError, match="CompilerParams"):
+            run(copy_through, scratch)
+        out = run(copy_through, scratch, compiler_params=params)
+    np.testing.assert_array_equal(np.asarray(out), np.arange(8 * 128).reshape(8, 128))
+
+
+def test_map_blocks_pipeline_buffers_over_vmem_are_refused() -> None:
+    # A 128 MiB block: the pipeline's VMEM buffers alone are 8x the scoped limit. Lowering is
+    # enough to see it; nothing of that size is allocated.
+    a = jax.ShapeDtypeStruct((8192, 4096), jnp.float32)
+    with simulate(chip="v5p", devices=1):
+        f = jax.jit(lambda x: tc.map_blocks(lambda b: b + 1, x, block=(8192, 4096)))
+        with pytest.raises(CapacityError, match="of VMEM"):
+            f.lower(a)
+
+
+def signals_itself(x_hbm: Any, o_hbm: Any, sem: Any) -> None:
+    pl.semaphore_signal(sem, 1)  # never waited for
+    pltpu.sync_copy(x_hbm, o_hbm)
+
+
+def signals_the_barrier(x_hbm: Any, o_hbm: Any) -> None:
+    pl.semaphore_signal(pltpu.get_barrier_semaphore(), 1)  # never waited for
+    pltpu.sync_copy(x_hbm, o_hbm)
+
+
+def starts_a_copy(x_hbm: Any, o_hbm: Any, sem: Any) -> None:
+    pltpu.make_async_copy(x_hbm, o_hbm, sem).start()  # no .wait()
+
+
+def test_a_semaphore_left_above_zero_is_refused() -> None:
+    with simulate(devices=1) as sim:
+        with pytest.raises(UnfinishedKernelError) as info:
+            run(signals_itself, [pltpu.SemaphoreType.REGULAR])
+        for core in range(sim.cores_per_device):
+            assert f"core {core}: semaphore #0 of the kernel (id 2000) ends at count 1" in str(
+                info.value
+            )
+
+
+def test_a_barrier_semaphore_left_above_zero_is_refused() -> None:
+    params = pltpu.CompilerParams(collective_id=3)
+    with simulate(devices=1) as sim:
+        with pytest.raises(UnfinishedKernelError) as info:
+            run(signals_the_barrier, [], compiler_params=params)
+        # both cores signalled their own core once
+        assert str(info.value).count("the barrier semaphore (collective_id=3) ends at count 1") == (
+            sim.cores_per_device
+        )
+
+
+@pytest.mark.parametrize("mode", ["on_wait", "eager"])
+def test_a_dma_never_waited_for_is_refused(mode: str) -> None:
+    with (
+        simulate(devices=1, dma_execution_mode=mode),  # type: ignore[arg-type]
+        pytest.raises(UnfinishedKernelError) as info,
+    ):
+        run(starts_a_copy, [pltpu.SemaphoreType.DMA])
+    text = str(info.value)
+    if mode == "on_wait":  # the copy has not happened: it waits in the semaphore's queue
+        assert "1 DMA(s) signalling semaphore #0 of the kernel (id 2000) were never waited" in text
+        assert "test_refusals.py" in text  # where it was started
+    else:  # it ran when started, and its semaphore was never brought back to zero
+        assert "semaphore #0 of the kernel (id 2000) ends at count" in text
+    assert "wait" in (info.value.fix or "")
+
+
+def barrier_round(x_hbm: Any, o_hbm: Any) -> None:
+    sem = pltpu.get_barrier_semaphore()
+    pl.semaphore_signal(sem, 1)
+    pl.semaphore_wait(sem, 1)
+    pltpu.sync_copy(x_hbm, o_hbm)
+
+
+def test_a_barrier_semaphore_without_a_collective_id_is_refused() -> None:
+    with simulate(devices=1):
+        with pytest.raises(CollectiveIdError, match="no collective_id") as info:
+            run(barrier_round, [])
+        assert "test_refusals.py" in str(info.value)  # the get_barrier_semaphore line
+        through_coremesh = jax.jit(tc.kernel(barrier_round, out_type=X, collective_id=None))
+        with pytest.raises(CollectiveIdError, match="no collective_id"):
+            through_coremesh(jnp.zeros((8, 128), jnp.float32))
+        # With an id it runs, and the round trip brings the barrier back to zero.
+        out = run(barrier_round, [], compiler_params=pltpu.CompilerParams(collective_id=0))
+    np.testing.assert_array_equal(np.asarray(out), np.arange(8 * 128).reshape(8, 128))
+
+
+@pytest.mark.parametrize(
+    ("devices", "match"),
+    [
+        (10**6, "the largest v5p slice has 8960 chips"),
+        (8961, "the largest v5p slice has 8960 chips"),
+        (MAX_HOST_DEVICES + 1, f"this host runs at most {MAX_HOST_DEVICES}"),
+        (4096, f"this host runs at most {MAX_HOST_DEVICES}"),
+    ],
+)
+def test_more_devices_than_a_slice_or_the_host_has_are_refused(devices: int, match: str) -> None:
+    with pytest.raises(MeshError, match=match):
+        simulate(chip="v5p", devices=devices)
+    assert patches.installed_chip() is None
+
+
+def test_the_slice_limit_follows_the_chip_and_its_core_mode() -> None:
+    # v5e's largest slice is 256 chips of one core each; TPU7x has two devices per chip.
+    with pytest.raises(MeshError, match="the largest v5e slice has 256 chips, 256 devices"):
+        simulate(chip="v5e", devices=257)
+    assert get_chip("TPU7x").devices_per_chip() == 2
+    with pytest.raises(MeshError, match="9216 chips, 18432 devices"):
+        simulate(chip="TPU7x", devices=20000)
+
+
+def test_stock_interpreter_runs_what_the_chip_refuses() -> None:
+    # The kernel_refusals patch's regression: without it an unwaited DMA leaves the output
+    # unwritten (NaN) and no error, and a barrier without an id fails inside a callback, as a
+    # generic XLA error, or with fault_report on, a fault while running.
+    with simulate(devices=1, disable_patches=["kernel_refusals", "fault_report"]):
+        out = np.asarray(run(starts_a_copy, [pltpu.SemaphoreType.DMA]))
+        assert np.isnan(out).all()
+        with pytest.raises(jax.errors.JaxRuntimeError, match="NoneType"):
+            run(barrier_round, [])
+    with (
+        simulate(devices=1, disable_patches=["kernel_refusals"]),
+        pytest.raises(SimulationFault, match="needs a collective_id") as info,
+    ):
+        run(barrier_round, [])
+    assert info.value.operation == "pltpu.get_barrier_semaphore()"
+    assert isinstance(info.value.__cause__, TypeError)
