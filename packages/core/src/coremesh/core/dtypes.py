@@ -55,10 +55,23 @@ def itemsize(dtype: Any) -> int:
         return int(jnp.dtype(dtype).itemsize)
 
 
+def is_extended(dtype: Any) -> bool:
+    """Is ``dtype`` one of jax's extended dtypes (semaphores, PRNG keys): no array data type,
+    so no data-type rule applies (Mosaic lowers semaphore and key operands itself)."""
+    import jax
+
+    try:
+        return bool(jax.dtypes.issubdtype(dtype, jax.dtypes.extended))
+    except TypeError:
+        return False
+
+
 def check_array_dtype(dtype: Any, chip: str | Chip) -> str:
     """Refuse dtypes no TPU holds in VMEM (64-bit and complex types)."""
     c = get_chip(chip)
     name = dtype_name(dtype)
+    if is_extended(dtype):
+        return name
     if name in ("float64", "int64", "uint64", "complex64", "complex128") or itemsize(dtype) > 4:
         narrow = {"float64": "float32", "int64": "int32", "uint64": "uint32"}.get(name, "float32")
         raise UnsupportedOnChipError(
@@ -86,6 +99,8 @@ def check_operand_dtype(dtype: Any, chip: str | Chip) -> str:
     """
     c = get_chip(chip)
     name = check_array_dtype(dtype, c)
+    if is_extended(dtype):
+        return name
     if name == "float16":
         raise UnsupportedOnChipError(
             "float16 cannot be a TPU kernel's operand or result",

@@ -27,9 +27,8 @@ import jax
 import numpy as np
 
 from coremesh.core import jax_compat, jax_versions
-from coremesh.core.dtypes import check_operand_dtype
 from coremesh.core.errors import CoremeshError, MeshError, UnsupportedOnChipError
-from coremesh.testing.sim import call_params, compat
+from coremesh.testing.sim import call_params, compat, operands
 from coremesh.testing.sim.chip import (
     ActiveSlice,
     SimulatedChip,
@@ -472,11 +471,8 @@ def _interpret_call_targets() -> list[tuple[Any, str, Any]]:
 
     def interpret_pallas_call(*args: Any, mesh: Any, interpret_params: Any, **kw: Any) -> Any:
         chip = current()
-        # The interpreter runs kernels on operands Mosaic refuses on every TPU (float16, bool).
-        for value in (*args, *kw.get("out_avals", ())):
-            dtype = getattr(value, "dtype", None)
-            if dtype is not None:
-                check_operand_dtype(dtype, chip.name)
+        # The interpreter runs kernels on operands Mosaic refuses (float16, a bool DMA on 0.10).
+        operands.check_call((*args, *kw.get("out_avals", ())), kw.get("jaxpr"), chip.name)
         if isinstance(mesh, mosaic_core.TensorCoreMesh):
             cores = jax_compat.mesh_cores(mesh)
             if cores > chip.cores_per_device:

@@ -1,0 +1,99 @@
+"""What an interpreted kernel may take and return: what Mosaic lowers, refused where it does not.
+
+Pallas' interpreter runs kernels on operands Mosaic refuses (float16 on a TensorCore, a bool DMA
+on jax 0.10), and crashes on some it cannot model. Checked before the kernel is interpreted:
+
+* data types by :func:`coremesh.core.dtypes.check_operand_dtype`, except bool: Mosaic takes bool
+  operands and results in VMEM blocks on every line (compiled with libtpu for v5p and TPU7x on
+  jax 0.10.2 and 0.12.0.1); jax 0.10's lowering refuses a DMA of a bool ref ("DMAs with bool
+  dtypes are not supported"), so on that line the kernel body is searched for one;
+* extended dtypes (semaphores, PRNG keys) have no data-type rule, and Mosaic lowers both as
+  operands, but the interpreter runs neither: it fills a fresh buffer of each operand and result
+  with NaN (``NotImplementedError: nan + key<fry>``), and a semaphore passed between kernels
+  carries a DMA that would land in a buffer the next kernel no longer sees (each kernel copies
+  its buffers in and out). Both are refused here with what to do instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from coremesh.core import jax_versions
+from coremesh.core.dtypes import BOOL_OPERANDS_SINCE, check_operand_dtype, is_extended
+from coremesh.core.errors import UnsupportedOnChipError
+
+
+def not_simulated_semaphores(chip: str) -> UnsupportedOnChipError:
+    return UnsupportedOnChipError(
+        "a kernel whose operands or results are semaphores (a DMA that spans kernel calls) "
+        "cannot run on the simulator",
+        rule="Pallas' interpreter copies each kernel's buffers in and out, so a DMA started in "
+        "one kernel and waited for in the next has no buffer to land in (not simulated)",
+        chip=chip,
+        fix="start and wait for the copy in one kernel (pl.run_scoped with "
+        "pltpu.SemaphoreType.DMA), or check the two-kernel form with the compile-only target "
+        "(coremesh.testing.aot)",
+    )
+
+
+def not_simulated_keys(chip: str) -> UnsupportedOnChipError:
+    return UnsupportedOnChipError(
+        "a kernel whose operands or results are PRNG keys cannot run on the simulator",
+        rule="Pallas' interpreter holds no buffers of key dtypes (not simulated; Mosaic "
+        "lowers them)",
+        chip=chip,
+        fix="pass jax.random.key_data(key) (uint32) and rebuild the key in the kernel with "
+        "jax.random.wrap_key_data, or check the kernel with the compile-only target "
+        "(coremesh.testing.aot)",
+    )
+
+
+def _is_semaphore(dtype: Any) -> bool:
+    import jax
+    from jax._src.pallas import core as pallas_core
+
+    return bool(jax.dtypes.issubdtype(dtype, pallas_core.semaphore_dtype))
+
+
+def check_call(values: Sequence[Any], jaxpr: Any, chip: str) -> None:
+    """Refuse an interpreted kernel whose operands/results (``values``: arrays or avals) or
+    body (``jaxpr``) Mosaic would not lower, or the interpreter cannot run."""
+    for value in values:
+        dtype = getattr(value, "dtype", None)
+        if dtype is None:
+            continue
+        if is_extended(dtype):
+            raise (not_simulated_semaphores if _is_semaphore(dtype) else not_simulated_keys)(chip)
+        if str(dtype) != "bool":
+            check_operand_dtype(dtype, chip)
+    if jaxpr is not None and not jax_versions.at_least(BOOL_OPERANDS_SINCE):
+        for _ in _bool_dmas(jaxpr):
+            raise UnsupportedOnChipError(
+                "a DMA of a bool ref: DMAs with bool dtypes are not supported. (Mosaic, jax "
+                f"{jax_versions.installed()})",
+                rule="jax 0.10's Mosaic lowering refuses DMAs of bool arrays; bool blocks that "
+                f"the pipeline moves are lowered (jax {BOOL_OPERANDS_SINCE} and later lower both)",
+                chip=chip,
+                fix="copy the bool data as int8 or int32 (x.astype(jnp.int32)) and compare "
+                f"after the copy, or use jax {BOOL_OPERANDS_SINCE} or later",
+            )
+
+
+def _bool_dmas(jaxpr: Any) -> Iterator[Any]:
+    """The DMAs in ``jaxpr`` (and the jaxprs inside it) that copy a bool ref."""
+    import jax
+    from jax._src import core as jax_core
+    from jax._src.pallas.mosaic import primitives as mosaic_primitives
+
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is mosaic_primitives.dma_start_p:
+            src = jax.tree.unflatten(eqn.params["tree"], eqn.invars)[0]
+            if str(getattr(src.aval, "dtype", "")) == "bool":
+                yield eqn
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, tuple | list) else (param,):
+                if isinstance(sub, jax_core.ClosedJaxpr):
+                    yield from _bool_dmas(sub.jaxpr)
+                elif isinstance(sub, jax_core.Jaxpr):
+                    yield from _bool_dmas(sub)
