@@ -155,7 +155,7 @@ def reduce_reference(x: jax.Array, axis: int, op: Op = "sum") -> jax.Array:
     """The XLA meaning of :func:`reduce`: ``jnp.sum/max/min`` accumulated in float32 (int32 for
     integers), returned in ``x.dtype``, a max or min with a NaN being NaN (``jnp.max`` itself
     drops NaN on XLA:CPU; see ``nan_order``)."""
-    return nan_order.fold(op, x.astype(_acc_dtype(x.dtype)), axis).astype(x.dtype)
+    return nan_order.reference_fold(op, x.astype(_acc_dtype(x.dtype)), axis).astype(x.dtype)
 
 
 def _along_columns(
