@@ -79,7 +79,9 @@ def test_an_out_of_bounds_ref_access_names_core_kernel_line_buffer_and_range(
         assert err.index == "[12:20, 0:128]"  # rows 12..19 of a 16-row buffer
         assert err.rule is not None and "inside the ref's shape" in err.rule
         assert err.fix is not None and "pl.ds" in err.fix
-        assert isinstance(err.__cause__, IndexError | ValueError)  # the interpreter's own
+        # The interpreter's own exception (jax 0.10.2 fails a partly out-of-bounds store on an
+        # assert), traceback included.
+        assert isinstance(err.__cause__, IndexError | ValueError | AssertionError)
         assert err.__cause__.__traceback__ is not None
         # The process stays usable: the next kernel runs.
         ok = one_device_kernel(
