@@ -3,8 +3,10 @@
 Mosaic lowers one to the SparseCore's indirect stream and, in libtpu 0.0.52, takes only 32-bit
 elements ("only 32-bit elements are supported") in rows that span whole 128-word tiles of the
 table ("expected slice size (64) to be aligned with source (gather operand) tiling (128)"), on
-v5p, v6e and TPU7x alike. The ops choose their plan by it, the simulator refuses what breaks it,
-and the compile diagnoses explain the compiler's own refusal with the same words.
+v5p, v6e and TPU7x alike. A 1-D table has no rows: its indexed DMA gathers single 32-bit
+elements, which compiles on v5p, v6e and TPU7x (``row_elems=None``). The ops choose their plan
+by it, the simulator refuses what breaks it, and the compile diagnoses explain the compiler's
+own refusal with the same words.
 """
 
 from __future__ import annotations
@@ -29,19 +31,21 @@ FIX = (
 )
 
 
-def indexed_dma_fits(dtype: Any, row_elems: int) -> bool:
-    """Whether rows of ``row_elems`` elements of ``dtype`` can go by one indexed DMA."""
-    return itemsize(dtype) == 4 and row_elems % INDEXED_ROW_WORDS == 0
+def indexed_dma_fits(dtype: Any, row_elems: int | None) -> bool:
+    """Whether rows of ``row_elems`` elements of ``dtype`` (None: elements of a 1-D table) can go
+    by one indexed DMA."""
+    return itemsize(dtype) == 4 and (row_elems is None or row_elems % INDEXED_ROW_WORDS == 0)
 
 
-def check_indexed_dma(what: str, dtype: Any, row_elems: int, chip: Chip | None) -> None:
-    """Raise the coremesh error for an indexed DMA Mosaic refuses, naming ``what`` it moves."""
+def check_indexed_dma(what: str, dtype: Any, row_elems: int | None, chip: Chip | None) -> None:
+    """Raise the coremesh error for an indexed DMA Mosaic refuses, naming ``what`` it moves
+    (``row_elems``: elements per row of the table, None for a 1-D table)."""
     name = chip.name if chip is not None else None
     if itemsize(dtype) != 4:
         raise UnsupportedOnChipError(
             f"{what} has {dtype_name(dtype)} elements", rule=DTYPE_RULE, chip=name, fix=FIX
         )
-    if row_elems % INDEXED_ROW_WORDS:
+    if row_elems is not None and row_elems % INDEXED_ROW_WORDS:
         raise LayoutError(
             f"{what} has rows of {row_elems} elements", rule=ROW_RULE, chip=name, fix=FIX
         )

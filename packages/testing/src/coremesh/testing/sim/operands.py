@@ -3,7 +3,9 @@
 Pallas' interpreter runs kernels on operands Mosaic refuses (float16 on a TensorCore, a bool DMA
 on jax 0.10), and crashes on some it cannot model. Checked before the kernel is interpreted:
 
-* data types by :func:`coremesh.core.dtypes.check_operand_dtype`, except bool: Mosaic takes bool
+* data types by :func:`coremesh.core.dtypes.check_operand_dtype` (a SparseCore kernel's by
+  ``check_array_dtype``: Mosaic compiles float16 SparseCore operands on v5p and TPU7x), except
+  bool: Mosaic takes bool
   operands and results in VMEM blocks on every line (compiled with libtpu for v5p and TPU7x on
   jax 0.10.2 and 0.12.0.1); jax 0.10's lowering refuses a DMA of a bool ref ("DMAs with bool
   dtypes are not supported"), so on that line the kernel body is searched for one;
@@ -20,7 +22,12 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from coremesh.core import jax_versions
-from coremesh.core.dtypes import BOOL_OPERANDS_SINCE, check_operand_dtype, is_extended
+from coremesh.core.dtypes import (
+    BOOL_OPERANDS_SINCE,
+    check_array_dtype,
+    check_operand_dtype,
+    is_extended,
+)
 from coremesh.core.errors import UnsupportedOnChipError
 
 
@@ -56,9 +63,11 @@ def _is_semaphore(dtype: Any) -> bool:
     return bool(jax.dtypes.issubdtype(dtype, pallas_core.semaphore_dtype))
 
 
-def check_call(values: Sequence[Any], jaxpr: Any, chip: str) -> None:
-    """Refuse an interpreted kernel whose operands/results (``values``: arrays or avals) or
-    body (``jaxpr``) Mosaic would not lower, or the interpreter cannot run."""
+def check_call(values: Sequence[Any], jaxpr: Any, chip: str, *, sparsecore: bool = False) -> None:
+    """Refuse an interpreted kernel (on SparseCores if ``sparsecore``) whose operands/results
+    (``values``: arrays or avals) or body (``jaxpr``) Mosaic would not lower, or the interpreter
+    cannot run."""
+    check_dtype = check_array_dtype if sparsecore else check_operand_dtype
     for value in values:
         dtype = getattr(value, "dtype", None)
         if dtype is None:
@@ -66,7 +75,7 @@ def check_call(values: Sequence[Any], jaxpr: Any, chip: str) -> None:
         if is_extended(dtype):
             raise (not_simulated_semaphores if _is_semaphore(dtype) else not_simulated_keys)(chip)
         if str(dtype) != "bool":
-            check_operand_dtype(dtype, chip)
+            check_dtype(dtype, chip)
     if jaxpr is not None and not jax_versions.at_least(BOOL_OPERANDS_SINCE):
         for _ in _bool_dmas(jaxpr):
             raise UnsupportedOnChipError(

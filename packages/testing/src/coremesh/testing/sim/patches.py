@@ -472,7 +472,12 @@ def _interpret_call_targets() -> list[tuple[Any, str, Any]]:
     def interpret_pallas_call(*args: Any, mesh: Any, interpret_params: Any, **kw: Any) -> Any:
         chip = current()
         # The interpreter runs kernels on operands Mosaic refuses (float16, a bool DMA on 0.10).
-        operands.check_call((*args, *kw.get("out_avals", ())), kw.get("jaxpr"), chip.name)
+        operands.check_call(
+            (*args, *kw.get("out_avals", ())),
+            kw.get("jaxpr"),
+            chip.name,
+            sparsecore=mesh is not None and not isinstance(mesh, mosaic_core.TensorCoreMesh),
+        )
         if isinstance(mesh, mosaic_core.TensorCoreMesh):
             cores = jax_compat.mesh_cores(mesh)
             if cores > chip.cores_per_device:

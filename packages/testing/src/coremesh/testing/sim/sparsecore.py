@@ -50,6 +50,7 @@ from jax._src.state import indexing
 from jax._src.state import types as state_types
 from jax.experimental import io_callback
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu_sc as plsc
 
 from coremesh.testing.sim.errors import NotSimulatedError
 
@@ -210,6 +211,11 @@ def _index_vector(ref: Any) -> tuple[Any, Any] | None:
     if not vectors:
         return None
     last = transforms[-1]
+    if isinstance(last.indices[0], plsc.Indices):
+        raise _not_simulated(
+            "an indexed DMA with plsc.Indices (indices with an ignored value)",
+            "only a plain vector of indices (table.at[idx_ref]) is simulated",
+        )
     fixed = (indexing.Slice, int)
     if (
         vectors != [len(transforms) - 1]
@@ -268,7 +274,9 @@ def _check_like_mosaic(view: Any, indexer: Any, side: str) -> None:
     from coremesh.core.dma import check_indexed_dma
 
     last = indexer.indices[-1]
-    row = last.size if len(indexer.indices) > 1 and isinstance(last, indexing.Slice) else 1
+    row: int | None = None  # a 1-D table: single elements, which Mosaic gathers
+    if len(indexer.indices) > 1:
+        row = last.size if isinstance(last, indexing.Slice) else 1
     dtype = view.ref.aval.dtype
     check_indexed_dma(f"an indexed DMA whose {side}", dtype, row, current_target().chip)
 
