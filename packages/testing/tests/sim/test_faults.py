@@ -141,9 +141,7 @@ def test_a_remote_dma_to_a_device_the_slice_does_not_have() -> None:
         assert err.fix is not None and "modulo" in err.fix
 
 
-def fault_while_the_other_core_waits(
-    x_hbm: Any, o_hbm: Any, v: Any, ready: Any, done: Any
-) -> None:
+def fault_while_the_other_core_waits(x_hbm: Any, o_hbm: Any, v: Any, ready: Any, done: Any) -> None:
     core = jax.lax.axis_index("core")
 
     @pl.when(core == 0)
