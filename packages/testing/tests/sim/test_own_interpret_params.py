@@ -78,7 +78,7 @@ def races_found(disable: list[str]) -> bool:
     x = np.ones((8, 128), np.float32)
     with simulate("v5p", 1, cores_per_device=1, disable_patches=disable) as sim:
         try:
-            got = jax.block_until_ready(fresh_jit(race_kernel)(x))
+            got = sim.run(fresh_jit(race_kernel), x)
         except Exception as err:  # jax >= 0.12 raises at the race
             return "RACE DETECTED" in str(err)
         np.testing.assert_array_equal(np.asarray(got), 2 * x)
