@@ -70,6 +70,9 @@ def test_an_out_of_bounds_ref_access_names_core_kernel_line_buffer_and_range(
             f(jnp.zeros((8, 128), jnp.float32))
         err = info.value
         assert isinstance(err, CoremeshError)
+        # Still what a failing call raises on TPU and in stock interpret mode, so code (and
+        # JAX's own tests) catching that keeps working.
+        assert isinstance(err, jax.errors.JaxRuntimeError)
         assert err.operation == operation
         assert (err.device, err.kernel) == (0, body.__name__)
         assert err.core in range(sim.cores_per_device)

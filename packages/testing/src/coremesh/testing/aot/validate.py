@@ -243,11 +243,11 @@ def _kernel_entries(eqn: Any, chip: Chip) -> Iterator[KernelMemory]:
         if inner is None or not hasattr(inner, "eqns"):
             continue
         sc = "Subcore" in type(mesh).__name__
-        vmem, smem = _scoped_bytes(inner, chip, own=inner.invars, tiled=not sc)
+        vmem, smem = scoped_bytes(inner, chip, own=inner.invars, tiled=not sc)
         yield KernelMemory(name.split(" ", maxsplit=1)[0], sc, vmem, smem, limit)
 
 
-def _scoped_bytes(jaxpr: Any, chip: Chip, own: Sequence[Any], *, tiled: bool) -> tuple[int, int]:
+def scoped_bytes(jaxpr: Any, chip: Chip, own: Sequence[Any], *, tiled: bool) -> tuple[int, int]:
     """(vmem, smem) live at the deepest point: ``own`` refs plus the largest nested scope."""
     vmem = smem = 0
     for v in own:
@@ -260,11 +260,11 @@ def _scoped_bytes(jaxpr: Any, chip: Chip, own: Sequence[Any], *, tiled: bool) ->
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "run_scoped":
             body = eqn.params["jaxpr"]
-            v, s = _scoped_bytes(body, chip, own=body.invars, tiled=tiled)
+            v, s = scoped_bytes(body, chip, own=body.invars, tiled=tiled)
         else:
             v = s = 0
             for sub in _sub_jaxprs(eqn.params):
-                sv, ss = _scoped_bytes(sub, chip, own=(), tiled=tiled)
+                sv, ss = scoped_bytes(sub, chip, own=(), tiled=tiled)
                 v, s = max(v, sv), max(s, ss)
         inner_v, inner_s = max(inner_v, v), max(inner_s, s)
     return vmem + inner_v, smem + inner_s

@@ -19,7 +19,6 @@ from typing import Any
 
 from jax._src.pallas.mosaic.interpret.params import InterpretParams
 
-
 #: Attribute holding the names of the fields passed to an ``InterpretParams(...)``.
 _SET_FIELDS = "_coremesh_set_fields"
 

@@ -7,6 +7,8 @@ where instead of an XLA callback traceback.
 
 from __future__ import annotations
 
+from jax.errors import JaxRuntimeError
+
 from coremesh.core.errors import CoremeshError, DeadlockError
 
 
@@ -64,12 +66,14 @@ def race_error(found: list[str], chip: str | None) -> SimulationRaceError:
     )
 
 
-class SimulationFault(CoremeshError, RuntimeError):  # noqa: N818  (as SimulationDeadlock)
+class SimulationFault(CoremeshError, JaxRuntimeError):  # noqa: N818  (as SimulationDeadlock)
     """An operation inside a simulated kernel failed (an index out of bounds, a DMA to a device
     that does not exist, a copy between refs of different shapes, ...).
 
     On a chip most of these corrupt memory or hang; the simulator stops the run and raises this
-    from the call instead of XLA's ``JaxRuntimeError``. ``device``, ``core``, ``kernel``,
+    from the call in place of the ``JaxRuntimeError`` stock interpret mode raises. It is still a
+    ``JaxRuntimeError``, so code written for a failing call on TPU (and JAX's own tests, e.g.
+    ``test_core_map_exception_no_hang``) catches it. ``device``, ``core``, ``kernel``,
     ``location`` (the user's ``file:line``), ``operation``, ``buffer`` and ``index`` say where;
     ``blocked`` lists the waits of other cores the fault left blocked. ``__cause__`` is the
     interpreter's own exception, with its traceback.

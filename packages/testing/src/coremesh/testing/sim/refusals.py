@@ -69,7 +69,7 @@ def check_kernel(
     label = f"kernel {name!r}" if name else "a kernel"
     sparsecore = mesh is not None and "Subcore" in type(mesh).__name__
     inner = getattr(jaxpr, "jaxpr", jaxpr)
-    vmem, smem = validate._scoped_bytes(inner, chip.chip, own=inner.invars, tiled=not sparsecore)
+    vmem, smem = validate.scoped_bytes(inner, chip.chip, own=inner.invars, tiled=not sparsecore)
     what = f"{label}: scratch and pipeline buffers"
     if sparsecore:
         check_fits(vmem, chip.chip, "sparsecore_vmem", what=what)
