@@ -70,8 +70,13 @@ def synthetic(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any],
     """``coremesh upstream`` on the tiny tree, simulator mode: (its JSON, its markdown table)."""
     base = tmp_path_factory.mktemp("upstream")
     out = base / "out"
-    argv = ["upstream", "--jax-tests", str(_tree(base)), "--mode", "sim", "--timeout", "8"]
-    assert cli.main([*argv, "--out", str(out), "-q"]) == 0
+    tree = _tree(base)
+    # Both paths as a user types them, relative to where they stand (the tree must not be
+    # resolved against the run's own working directory).
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(base)
+        argv = ["upstream", "--jax-tests", tree.name, "--mode", "sim", "--timeout", "8"]
+        assert cli.main([*argv, "--out", "out", "-q"]) == 0
     (doc,) = out.glob("upstream-jax-*.json")
     (table,) = out.glob("upstream-jax-*.md")
     parsed: dict[str, Any] = json.loads(doc.read_text())

@@ -66,7 +66,7 @@ def race_error(found: list[str], chip: str | None) -> SimulationRaceError:
     )
 
 
-class SimulationFault(CoremeshError, JaxRuntimeError):  # noqa: N818  (as SimulationDeadlock)
+class SimulationFault(CoremeshError, JaxRuntimeError):  # type: ignore[misc]  # noqa: N818
     """An operation inside a simulated kernel failed (an index out of bounds, a DMA to a device
     that does not exist, a copy between refs of different shapes, ...).
 

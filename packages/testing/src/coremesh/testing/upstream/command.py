@@ -55,10 +55,10 @@ def _progress(stream: TextIO) -> Callable[[FileRun], None]:
 def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     """Run, write ``upstream-jax-<version>.{md,json}`` under ``--out``, print the table."""
     version = jax_versions.installed()
-    tree = resolve(Path(args.jax_tests), version)
+    tree = resolve(Path(args.jax_tests).resolve(), version)
     files = select_files(tree, args.files)
     modes: list[Mode] = ["sim", "stock"] if args.mode == "both" else [args.mode]
-    out = Path(args.out)
+    out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     if not args.quiet:
         stderr.write(
