@@ -200,3 +200,28 @@ def test_stock_interpreter_runs_what_the_chip_refuses() -> None:
         run(barrier_round, [])
     assert info.value.operation == "pltpu.get_barrier_semaphore()"
     assert isinstance(info.value.__cause__, TypeError)
+
+
+def test_a_dma_read_but_not_yet_written_is_pending_only_on_its_receive_side() -> None:
+    """A sender may end once its send wait returned, with the write to the receiver still to
+    run (on_wait: at the receiver's wait); the receive side stays outstanding until it does."""
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    from coremesh.testing.sim.refusals import _pending_dma
+
+    class Dma:
+        def __init__(self, state: Any) -> None:
+            self.state = state
+
+        def execute_read(self) -> None: ...
+
+        def execute_read_and_write(self) -> None: ...
+
+    started, read, done = (Dma(ipc.DmaState[s]) for s in ("STARTED", "READ", "COMPLETED"))
+    assert _pending_dma(started.execute_read) is started
+    assert _pending_dma(started.execute_read_and_write) is started
+    assert _pending_dma(read.execute_read) is None
+    assert _pending_dma(read.execute_read_and_write) is read
+    assert _pending_dma(done.execute_read) is None
+    assert _pending_dma(done.execute_read_and_write) is None
+    assert _pending_dma(lambda: None) is None  # a task that is not a DMA's

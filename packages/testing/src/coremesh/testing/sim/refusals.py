@@ -106,6 +106,24 @@ def _barrier_uses(jaxpr: Any) -> Iterator[Any]:
 # ------------------------------------------------------------------------ at kernel end
 
 
+def _pending_dma(task: Any) -> Any:
+    """The DMA behind a semaphore's queued task if that task's part of it has not run, else None.
+
+    A DMA queues ``execute_read`` on its send semaphore and ``execute_read_and_write`` on its
+    receive semaphore, and whichever wait comes first runs its part. A sender whose send wait
+    returned may end while the write to the receiver is still to run (on_wait: at the
+    receiver's wait), as on the chip; and a finished DMA leaves the other task queued as a no-op.
+    So the send side is pending only before the read, the receive side until the write.
+    """
+    dma = getattr(task, "__self__", None)
+    state = getattr(getattr(dma, "state", None), "name", None)
+    if state is None:
+        return None
+    send_side = getattr(task, "__name__", "") == "execute_read"
+    done = state != "STARTED" if send_side else state == "COMPLETED"
+    return None if done else dma
+
+
 def check_kernel_end(sm: Any, device: int, chip: str) -> None:
     """Refuse a kernel that ends on ``device`` with a semaphore above zero or a DMA unwaited."""
     cores = sm.get_global_core_ids(device)
@@ -117,12 +135,7 @@ def check_kernel_end(sm: Any, device: int, chip: str) -> None:
         with sem.cv:
             for gcid in cores:
                 count = int(sem.count_by_core[gcid])
-                # A finished DMA leaves its other semaphore's task queued (a no-op): skip it.
-                dmas = [
-                    d
-                    for d in (getattr(t, "__self__", None) for t in sem.tasks[gcid])
-                    if getattr(getattr(d, "state", None), "name", None) != "COMPLETED"
-                ]
+                dmas = [d for d in (_pending_dma(t) for t in sem.tasks[gcid]) if d is not None]
                 core = gcid - cores[0]
                 if dmas:
                     lines = sorted(
