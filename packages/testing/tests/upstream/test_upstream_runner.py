@@ -146,3 +146,22 @@ def test_cli_usage_error_on_a_missing_tree(
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2
     assert err[0].startswith("coremesh upstream: no JAX test tree at ")
+
+
+def test_stock_mode_forces_interpret_mode_only_for_tpu_tests() -> None:
+    """The CPU interpret-mode files pass their own InterpretParams, which a forced mode would
+    replace; TPU test files need the forced mode to run on the host at all."""
+    from jax._src import config
+
+    from coremesh.testing.upstream.needs import Needs
+    from coremesh.testing.upstream.shims import _context
+
+    def forced() -> object:
+        value: object = config.pallas_tpu_interpret_mode_context_manager.value
+        return value
+
+    with _context("stock", Needs(device_under_test="cpu")):
+        assert forced() is None
+    with _context("stock", Needs(device_under_test="tpu")):
+        assert forced() is not None
+    assert forced() is None

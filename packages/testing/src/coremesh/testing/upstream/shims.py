@@ -8,7 +8,8 @@ It changes what a test sees, not what it does: the tree's ``jax/_src`` helpers b
   :mod:`~coremesh.testing.upstream.needs`;
 * ``stock``: Pallas' own TPU interpret mode, ``pltpu.force_tpu_interpret_mode(
   pltpu.InterpretParams())``, so every kernel a test does not give ``interpret=`` itself runs as
-  ``interpret=pltpu.InterpretParams()`` would, on the host devices the process started with.
+  ``interpret=pltpu.InterpretParams()`` would, on the host devices the process started with;
+  the files written for interpret mode on a CPU (``tpu_pallas_interpret*``) run as they are.
 
 Outcomes go to the events file (:mod:`~coremesh.testing.upstream.events`) as they happen.
 """
@@ -115,6 +116,10 @@ def _context(mode: str, needs: Needs) -> contextlib.AbstractContextManager[Any]:
         from coremesh.testing.sim import simulate
 
         return simulate(needs.chip, needs.devices)
+    if needs.device_under_test == "cpu":
+        # Written for interpret mode on a CPU: each kernel passes its own InterpretParams, which
+        # a forced mode would replace (stock jax computes ``forced or interpret``).
+        return contextlib.nullcontext()
     from jax.experimental.pallas import tpu as pltpu
 
     stock: contextlib.AbstractContextManager[Any] = pltpu.force_tpu_interpret_mode(
