@@ -26,6 +26,7 @@ from coremesh.core.errors import CoremeshError
 from coremesh.testing.sim.chip import current_name
 from coremesh.testing.sim.deadlock import WATCHDOG
 from coremesh.testing.sim.errors import SimulationFault
+from coremesh.testing.sim.jaxprs import all_eqns
 
 #: Interpreter callbacks (module attributes of interpret_pallas_call) -> what the user wrote.
 CALLBACKS = {
@@ -56,28 +57,12 @@ def register_kernel(jaxpr: Any, name: str | None, where: str | None = None) -> N
     if not name:
         return
     with _names_lock:
-        for eqn in _all_eqns(jaxpr):
+        for eqn in all_eqns(jaxpr):
             tb = getattr(eqn.source_info, "traceback", None)
             if tb is not None:
                 _kernel_names[id(tb)] = (tb, name, where)  # holding tb keeps its id unique
         while len(_kernel_names) > _MAX_NAMED:
             _kernel_names.popitem(last=False)
-
-
-def _all_eqns(jaxpr: Any) -> list[Any]:
-    out: list[Any] = []
-    stack = [getattr(jaxpr, "jaxpr", jaxpr)]
-    while stack:
-        inner = stack.pop()
-        for eqn in getattr(inner, "eqns", ()):
-            out.append(eqn)
-            for value in eqn.params.values():
-                items = value if isinstance(value, tuple | list) else (value,)
-                for item in items:
-                    sub = getattr(item, "jaxpr", item)
-                    if hasattr(sub, "eqns"):
-                        stack.append(sub)
-    return out
 
 
 def kernel_of(source_info: Any) -> tuple[str | None, str | None]:

@@ -29,6 +29,7 @@ from coremesh.core.dtypes import (
     is_extended,
 )
 from coremesh.core.errors import UnsupportedOnChipError
+from coremesh.testing.sim.jaxprs import all_eqns
 
 
 def not_simulated_semaphores(chip: str) -> UnsupportedOnChipError:
@@ -92,17 +93,10 @@ def check_call(values: Sequence[Any], jaxpr: Any, chip: str, *, sparsecore: bool
 def _bool_dmas(jaxpr: Any) -> Iterator[Any]:
     """The DMAs in ``jaxpr`` (and the jaxprs inside it) that copy a bool ref."""
     import jax
-    from jax._src import core as jax_core
     from jax._src.pallas.mosaic import primitives as mosaic_primitives
 
-    for eqn in jaxpr.eqns:
+    for eqn in all_eqns(jaxpr):
         if eqn.primitive is mosaic_primitives.dma_start_p:
             src = jax.tree.unflatten(eqn.params["tree"], eqn.invars)[0]
             if str(getattr(src.aval, "dtype", "")) == "bool":
                 yield eqn
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, tuple | list) else (param,):
-                if isinstance(sub, jax_core.ClosedJaxpr):
-                    yield from _bool_dmas(sub.jaxpr)
-                elif isinstance(sub, jax_core.Jaxpr):
-                    yield from _bool_dmas(sub)

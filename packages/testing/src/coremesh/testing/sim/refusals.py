@@ -22,6 +22,7 @@ from coremesh.testing.sim.chip import SimulatedChip
 from coremesh.testing.sim.deadlock import semaphore_description
 from coremesh.testing.sim.errors import UnfinishedKernelError
 from coremesh.testing.sim.faults import register_kernel, user_location
+from coremesh.testing.sim.jaxprs import all_eqns
 
 #: Host CPU devices the simulator runs at most. Each is one XLA CPU device with its own threads,
 #: and a simulated core blocked on a semaphore holds one: measured on a 2-CPU, 23 GiB machine,
@@ -96,9 +97,7 @@ def check_kernel(
 def _barrier_uses(jaxpr: Any) -> Iterator[Any]:
     from jax._src.pallas.mosaic import primitives as mosaic_primitives
 
-    from coremesh.testing.sim.faults import _all_eqns
-
-    for eqn in _all_eqns(jaxpr):
+    for eqn in all_eqns(jaxpr):
         if eqn.primitive is mosaic_primitives.get_barrier_semaphore_p:
             yield eqn
 
