@@ -11,6 +11,7 @@ arrive fails with the simulator's deadlock error instead of hanging.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -25,7 +26,12 @@ from coremesh.collectives import in_kernel, ring, sync
 from coremesh.collectives.axes import resolve
 from coremesh.testing.conformance.collectives import run_per_device
 from coremesh.testing.plugin import SliceFactory
-from coremesh.testing.sim import SimulationDeadlock, SimulationRaceError, simulate
+from coremesh.testing.sim import (
+    SimulationDeadlock,
+    SimulationRaceError,
+    UninitializedReadError,
+    simulate,
+)
 from coremesh.testing.sim.simulator import DmaMode
 
 pytestmark = pytest.mark.sim
@@ -153,13 +159,21 @@ def two_in_flight(shared: bool) -> Any:
 def test_one_semaphore_for_two_dmas_reads_data_that_has_not_arrived() -> None:
     x = jnp.arange(4 * R * L, dtype=jnp.float32).reshape(4 * R, L)
     want = np.roll(np.asarray(x).reshape(4, R, L), 1, axis=0)  # from the previous device
-    with simulate(chip="v5e", devices=4, dma_execution_mode="on_wait") as sim:
-        wrong = run_per_device(sim, two_in_flight(shared=True), x).reshape(4, R, L)
-        right = run_per_device(sim, two_in_flight(shared=False), x).reshape(4, R, L)
     # on_wait runs pending DMAs last-in first-out: the second half lands first and satisfies
-    # the wait for the first, whose rows are still uninitialised (NaN) when copied out.
-    assert np.isnan(wrong[:, : R // 2]).all()
-    np.testing.assert_array_equal(wrong[:, R // 2 :], want[:, R // 2 :])
+    # the wait for the first, whose rows have not arrived when they are read. The result would
+    # hold them unwritten (NaN); the simulator names the read instead.
+    with (
+        simulate(chip="v5e", devices=4, dma_execution_mode="on_wait") as sim,
+        pytest.raises(UninitializedReadError) as info,
+    ):
+        run_per_device(sim, two_in_flight(shared=True), x)
+    assert info.value.kernel == "test_two_in_flight_True"
+    lines = Path(__file__).read_text().splitlines()
+    line = next(i for i, text in enumerate(lines, 1) if "seen[h] = inbox[h]" in text)
+    assert f"test_sync.py:{line} " in str(info.value.location)
+    assert f"range [0:{R // 2}, 0:{L}]" in str(info.value)
+    with simulate(chip="v5e", devices=4, dma_execution_mode="on_wait") as sim:
+        right = run_per_device(sim, two_in_flight(shared=False), x).reshape(4, R, L)
     np.testing.assert_array_equal(right, want)
 
 

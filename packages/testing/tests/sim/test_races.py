@@ -47,7 +47,8 @@ def copy_kernel(variant: str) -> Any:
 
 
 def run(variant: str, races: bool = True) -> np.ndarray:
-    with simulate(chip="v5p", devices=1, races=races) as sim:
+    # An unordered reader may also read slice 0 before it is written; the race is the subject.
+    with simulate(chip="v5p", devices=1, races=races, check_uninitialized=False) as sim:
         mesh = sim.mesh()
         spec = jax.P("device", None)
 

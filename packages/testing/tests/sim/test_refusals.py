@@ -188,7 +188,9 @@ def test_stock_interpreter_runs_what_the_chip_refuses() -> None:
     # The kernel_refusals patch's regression: without it an unwaited DMA leaves the output
     # unwritten (NaN) and no error, and a barrier without an id fails inside a callback, as a
     # generic XLA error, or with fault_report on, a fault while running.
-    with simulate(devices=1, disable_patches=["kernel_refusals", "fault_report"]):
+    with simulate(
+        devices=1, disable_patches=["kernel_refusals", "fault_report", "uninitialized_reads"]
+    ):
         out = np.asarray(run(starts_a_copy, [pltpu.SemaphoreType.DMA]))
         assert np.isnan(out).all()
         with pytest.raises(jax.errors.JaxRuntimeError, match="NoneType"):

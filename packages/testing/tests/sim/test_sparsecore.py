@@ -211,11 +211,13 @@ def test_indexed_dma_gathers_rows() -> None:
             copy = pltpu.make_async_copy(t.at[i.at[1], window], rows.at[:, pl.ds(0, 128)], sem)
             copy.start()
             copy.wait()
-            pltpu.sync_copy(rows, o)
+            pltpu.sync_copy(t.at[pl.ds(0, n)], o)  # the whole output is written
+            pltpu.sync_copy(rows.at[:, pl.ds(0, 128)], o.at[:, pl.ds(0, 128)])
 
         got = indexed_dma(sim, waited, table, idx, 16)
         want = np.asarray(table)[np.asarray(idx)[::-1], 128:]
         np.testing.assert_array_equal(got[:, :128], want)
+        np.testing.assert_array_equal(got[:, 128:], np.asarray(table)[:16, 128:])
 
 
 def test_indexed_dma_scatters_rows() -> None:

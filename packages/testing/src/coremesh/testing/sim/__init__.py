@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         SimulationFault,
         SimulationRaceError,
         UnfinishedKernelError,
+        UninitializedReadError,
     )
     from coremesh.testing.sim.patches import PATCH_NAMES
     from coremesh.testing.sim.simulator import SimParams, Simulator, simulate
@@ -30,6 +31,7 @@ _WHERE = {
     "SimulationDeadlock": "errors",
     "SimulationFault": "errors",
     "UnfinishedKernelError": "errors",
+    "UninitializedReadError": "errors",
     "SimulationRaceError": "errors",
     "PATCH_NAMES": "patches",
     "SimParams": "simulator",
@@ -47,6 +49,7 @@ __all__ = [
     "SimulationRaceError",
     "Simulator",
     "UnfinishedKernelError",
+    "UninitializedReadError",
     "configure_host_devices",
     "simulate",
 ]

@@ -122,6 +122,12 @@ class SimulationFault(CoremeshError, JaxRuntimeError):  # type: ignore[misc]  # 
         return self._format()
 
 
+class UninitializedReadError(SimulationFault):
+    """A kernel loaded, or a DMA read, memory that nothing wrote (``simulate()`` tracks a
+    "written" map per fresh buffer, :mod:`coremesh.testing.sim.shadow`). On the chip those bytes
+    are whatever the memory held before; stock interpret mode returns NaN in silence."""
+
+
 class UnfinishedKernelError(CoremeshError, RuntimeError):
     """A kernel ended with work outstanding: a semaphore above zero or a DMA never waited.
 

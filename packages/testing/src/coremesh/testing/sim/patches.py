@@ -28,7 +28,7 @@ import numpy as np
 
 from coremesh.core import jax_compat, jax_versions
 from coremesh.core.errors import CoremeshError, MeshError, UnsupportedOnChipError
-from coremesh.testing.sim import call_params, compat, operands
+from coremesh.testing.sim import call_params, compat, operands, shadow
 from coremesh.testing.sim.chip import (
     ActiveSlice,
     SimulatedChip,
@@ -559,6 +559,28 @@ def _own_params_targets() -> list[tuple[Any, str, Any]]:
     ]
 
 
+def _made_outside_targets() -> list[tuple[Any, str, Any]]:
+    # `pl.pallas_call(...)` and `pl.kernel(...)` read the forced mode when they are *made*
+    # (pallas_call.py:1257, helpers.py:248): one made at module level, before simulate() was
+    # entered, binds interpret=False and fails on the CPU ("Only interpret mode is supported on
+    # CPU backend"). A bind with no interpret mode inside the simulator takes the forced mode,
+    # which is in jax's jit key, so the program is traced per chip as any other.
+    from jax._src import config
+    from jax._src.pallas import pallas_call as pallas_call_module
+
+    primitive = pallas_call_module.pallas_call_p
+    orig_bind = primitive.bind
+
+    def bind(*args: Any, **params: Any) -> Any:
+        if not params.get("interpret") and active_slice() is not None:
+            forced = config.pallas_tpu_interpret_mode_context_manager.value
+            if forced:
+                params["interpret"] = forced
+        return orig_bind(*args, **params)
+
+    return [(primitive, "bind", bind)]
+
+
 def _sparsecore_primitive_targets() -> list[tuple[Any, str, Any]]:
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
@@ -702,10 +724,14 @@ def _watchdog_targets() -> list[tuple[Any, str, Any]]:
             ipc.reset_tpu_interpret_mode_state()
             failure = WATCHDOG.take() or _race_from_upstream(err)
             WATCHDOG.reset()
+            shadow.take_result_error()  # a result left unwritten by this failure
             if failure is None:
                 raise
             # A fault keeps the interpreter's exception (with its traceback) as its cause.
             raise failure from (failure.__cause__ or err)
+        unwritten = shadow.take_result_error()
+        if unwritten is not None:
+            raise unwritten
         return out
 
     return [
@@ -772,6 +798,10 @@ def _fault_targets() -> list[tuple[Any, str, Any]]:
     return faults.targets()
 
 
+def _shadow_targets() -> list[tuple[Any, str, Any]]:
+    return shadow.targets()
+
+
 def _refusal_targets() -> list[tuple[Any, str, Any]]:
     from coremesh.testing.sim import refusals
 
@@ -834,6 +864,13 @@ PATCHES: tuple[Patch, ...] = (
         _own_params_targets,
     ),
     Patch(
+        "made_outside",
+        "a pl.pallas_call / pl.kernel made before the forced interpret mode was entered keeps "
+        "interpret=False (pallas_call.py:1257, helpers.py:248) and fails on the CPU with 'Only "
+        "interpret mode is supported on CPU backend'",
+        _made_outside_targets,
+    ),
+    Patch(
         "compile_cache",
         "thread_map recompiles every core's program on every call (thread_map.py:34)",
         _compile_cache_targets,
@@ -868,6 +905,12 @@ PATCHES: tuple[Patch, ...] = (
         "or a DMA never waited (it only prints, interpret_pallas_call.py:310)",
         _refusal_targets,
     ),
+    Patch(
+        "uninitialized_reads",
+        "a load or DMA of memory nobody wrote returns the fill value (NaN, or the largest "
+        "integer) in silence (utils.py get_uninitialized_array)",
+        _shadow_targets,
+    ),
 )
 
 PATCH_NAMES = tuple(p.name for p in PATCHES)
@@ -889,8 +932,8 @@ _INHERITED = object()
 
 def _own_attribute(obj: Any, attr: str) -> Any:
     own = getattr(obj, "__dict__", None)
-    if isinstance(obj, type) and own is not None and attr not in own:
-        return _INHERITED
+    if own is not None and attr not in own:
+        return _INHERITED  # a class's inherited attribute, or an instance's class attribute
     return getattr(obj, attr)
 
 
@@ -948,6 +991,7 @@ def uninstall() -> None:
                 else:
                     setattr(obj, attr, old)
             _state.enabled = frozenset()
+            shadow.forget()
         _clear_caches()
 
 

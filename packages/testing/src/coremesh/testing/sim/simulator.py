@@ -64,6 +64,8 @@ class SimParams(InterpretParams):  # type: ignore[misc]
     """
 
     chip: SimulatedChip | None = None
+    #: the patches left out: a program traced with a check is not reused without it
+    patches_off: frozenset[str] = frozenset()
 
 
 class Simulator:
@@ -86,6 +88,7 @@ class Simulator:
         deadline: float = DEFAULT_DEADLINE_S,
         uninitialized_memory: Literal["nan", "zero"] = "nan",
         grid_seed: int | None = None,
+        check_uninitialized: bool = True,
         disable_patches: Collection[str] = (),
     ) -> None:
         record = get_chip(chip)
@@ -132,6 +135,12 @@ class Simulator:
                 rule="the seed of the parallel grid order is a non-negative integer",
                 fix="pass grid_seed=0, 1, ... (or None for the interpreter's default)",
             )
+        if not isinstance(check_uninitialized, bool):
+            raise CoremeshError(
+                f"check_uninitialized={check_uninitialized!r}",
+                rule="reads of unwritten memory are checked (True) or not (False)",
+                fix="pass check_uninitialized=True or False",
+            )
         unknown = set(disable_patches) - set(patches.PATCH_NAMES)
         if unknown:
             raise CoremeshError(
@@ -143,7 +152,9 @@ class Simulator:
         self._n = devices
         self._races = races
         self._deadline = float(deadline)
-        self._disabled = frozenset(disable_patches)
+        self._disabled = frozenset(disable_patches) | (
+            frozenset() if check_uninitialized else frozenset({"uninitialized_reads"})
+        )
         self._params = SimParams(
             chip=self._chip,
             num_cores_or_threads=cores,
@@ -151,6 +162,7 @@ class Simulator:
             detect_races=races,
             uninitialized_memory=uninitialized_memory,
             random_seed=grid_seed,
+            patches_off=self._disabled,
         )
         self._devices: tuple[Any, ...] = ()
         self._stacks: list[tuple[contextlib.ExitStack, float]] = []
@@ -300,6 +312,7 @@ def simulate(
     deadline: float = DEFAULT_DEADLINE_S,
     uninitialized_memory: Literal["nan", "zero"] = "nan",
     grid_seed: int | None = None,
+    check_uninitialized: bool = True,
     disable_patches: Collection[str] = (),
 ) -> Simulator:
     """A context in which unchanged Pallas TPU code runs on the CPU as ``devices`` x ``chip``.
@@ -323,6 +336,9 @@ def simulate(
         ``pallas_call`` dimensions with PARALLEL semantics (it always shuffles them, as cores on
         real hardware may take them in any order; None is its default seed, 0). Run a kernel
         under several seeds: one whose result depends on that order has a bug.
+      check_uninitialized: a load, or a DMA's read, of memory nothing wrote (fresh scratch,
+        outputs, pipeline blocks) raises :class:`UninitializedReadError` at its line; False
+        turns the check off (the read returns ``uninitialized_memory``'s fill).
       disable_patches: names from ``patches.PATCH_NAMES`` to leave out; for regression tests
         that show what each fix is for.
 
@@ -345,5 +361,6 @@ def simulate(
         deadline=deadline,
         uninitialized_memory=uninitialized_memory,
         grid_seed=grid_seed,
+        check_uninitialized=check_uninitialized,
         disable_patches=disable_patches,
     )

@@ -136,7 +136,11 @@ def _scatter(*flat_args: Any, tree: Any, add: bool) -> Sequence[Any]:
         indices = [jnp.where(mask, i, n) for i, n in zip(indices, dst.shape, strict=True)]
     current = dst[...]
     at = current.at[tuple(indices)]
-    dst[...] = at.add(x, mode="drop") if add else at.set(x, mode="drop")
+    # A masked store of the whole ref: only the scattered elements count as written (the
+    # uninitialized-read check sees the others as untouched).
+    touched = jnp.zeros(current.shape, bool).at[tuple(indices)].set(True, mode="drop")
+    new = at.add(x, mode="drop") if add else at.set(x, mode="drop")
+    tpu_primitives.store(dst, new, mask=touched)
     return []
 
 

@@ -1,0 +1,554 @@
+"""Reads of memory nobody wrote are caught (a shadow "written" map per buffer, with origins).
+
+Stock interpret mode fills fresh buffers with NaN (or the largest integer) and lets a kernel
+read them: a load before the store, or a DMA started before the DMA that fills its source was
+waited for, gives a silently wrong result. On the chip those bytes are whatever the memory held.
+As in MemorySanitizer, every buffer allocated *uninitialized* gets a boolean map of the elements
+written so far:
+
+* uninitialized: ``run_scoped`` scratch, scratch operands, kernel outputs (not aliased to an
+  input), and the pipeline's VMEM blocks; kernel inputs, scalar-prefetch operands and aliased
+  outputs are written (they get no map at all);
+* a kernel's store, a masked store (its mask), a DMA's write and the pipeline's copy of a block
+  mark elements written; an output block starts unwritten again for each new block (the buffer
+  then holds a stale block on the chip).
+
+Like MemorySanitizer, a read of unwritten bytes is reported where it is *used*, since correct
+kernels read them and throw them away (JAX's megablox gmm merges ``select(mask, acc, out[...])``
+into a block it has not written yet). A floating-point element nobody wrote holds a NaN with a
+payload of its own (kept through arithmetic, selects and casts, with either sign); a store of that
+NaN leaves the element unwritten, so the taint follows the data through memory and DMAs, and the
+first read of unwritten memory is remembered as its origin. The error comes when the result is
+read back: an output element never written, or computed from unwritten memory, raises
+:class:`UninitializedReadError` naming the element, the kernel and the origin (line, buffer,
+range; for a DMA its semaphores, the last wait on each and the DMA that last signalled it).
+Integer and bool loads have no NaN to carry the taint, and usually feed an address or a branch:
+they raise at the load, as does a float load when ``uninitialized_memory="zero"``. An operation
+that makes a NaN of its own (``exp``, ``max``) drops the payload: the result then shows a NaN.
+
+Which buffers start unwritten is known at trace time only (the interpreter allocates both kinds
+with one callback): ``get_uninitialized_array`` results, and their padded forms, are remembered,
+and an allocation callback staged with one of them runs with a flag the allocation reads.
+The maps live on the interpreter's ``SharedMemory`` object, so they go with it.
+``simulate(check_uninitialized=False)`` leaves all of this out.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+from typing import Any
+
+import numpy as np
+
+from coremesh.testing.sim.chip import current_name
+from coremesh.testing.sim.errors import UninitializedReadError
+
+_ATTR = "_coremesh_written"
+#: On the SharedMemory too: per semaphore id, ("wait" | "signal") -> the last completed wait on
+#: it and the DMA that last signalled it, as text, for the DMA case's message.
+_NOTES = "_coremesh_semaphore_notes"
+#: On the SharedMemory: where the run first read unwritten memory (text), and whether fresh
+#: float buffers hold the tainted NaN.
+_ORIGIN = "_coremesh_first_unwritten_read"
+_tls = threading.local()
+
+# ---------------------------------------------------------------------- trace time: which values
+_MAX_TRACKED = 4096
+_tracked_lock = threading.Lock()
+#: id(value) -> value, for values made by get_uninitialized_array (kept alive so ids stay unique)
+_tracked: collections.OrderedDict[int, Any] = collections.OrderedDict()
+
+
+def _track(value: Any) -> Any:
+    with _tracked_lock:
+        _tracked[id(value)] = value
+        while len(_tracked) > _MAX_TRACKED:
+            _tracked.popitem(last=False)
+    return value
+
+
+def _is_tracked(value: Any) -> bool:
+    hit = _tracked.get(id(value))
+    return hit is not None and hit is value
+
+
+def forget() -> None:
+    """Drop what tracing remembered (on leaving the simulator)."""
+    with _tracked_lock:
+        _tracked.clear()
+
+
+class _CallbackModule:
+    """``interpret_pallas_call``'s view of ``jax._src.callback``: an allocation staged with an
+    uninitialized value runs with the unwritten flag."""
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+    def io_callback(self, f: Any, result_shape: Any, *args: Any, **kw: Any) -> Any:
+        inner = getattr(f, "func", f)
+        if (
+            getattr(inner, "__name__", None) == "_allocate_buffer"
+            and len(args) >= 5
+            and _is_tracked(args[4])
+        ):
+            f = functools.partial(_allocate_unwritten, f)
+        return self._module.io_callback(f, result_shape, *args, **kw)
+
+
+def _allocate_unwritten(allocate: Any, *args: Any, **kw: Any) -> Any:
+    _tls.unwritten = True
+    try:
+        return allocate(*args, **kw)
+    finally:
+        _tls.unwritten = False
+
+
+# ---------------------------------------------------------------------- run time: the maps
+
+
+def _maps(sm: Any) -> dict[Any, np.ndarray]:
+    maps = sm.__dict__.get(_ATTR)
+    if maps is None:
+        maps = sm.__dict__.setdefault(_ATTR, {})
+    return maps  # type: ignore[no-any-return]
+
+
+def _note(sem: Any, kind: str, text: str) -> None:
+    sm = sem.shared_memory
+    notes = sm.__dict__.get(_NOTES)
+    if notes is None:
+        notes = sm.__dict__.setdefault(_NOTES, {})
+    notes[(sem.id, kind)] = text
+
+
+def _view(written: np.ndarray, rnge: Any) -> np.ndarray | None:
+    try:
+        view: np.ndarray = written[tuple(rnge)]
+    except Exception:  # a range the interpreter itself rejects: its own error stands
+        return None
+    return view
+
+
+def _from_rule(source_info: Any) -> bool:
+    """Is this read the whole-ref read of a rewritten SparseCore gather or scatter?"""
+    frames = getattr(getattr(source_info, "traceback", None), "frames", ())
+    return any(
+        f.file_name.endswith("sparsecore.py") and f.function_name in ("_gather", "_scatter")
+        for f in frames
+    )
+
+
+#: The taint: a NaN whose 7 mantissa bits after the exponent are 1100101 (quiet, then 0x25).
+#: The low bits are free, so widening and narrowing float conversions keep it.
+_TAG = 0x65
+
+
+@functools.cache
+def _taint_layout(dtype: np.dtype[Any]) -> tuple[type[Any], int, int, int] | None:
+    """(unsigned view type, exponent mask, tag mask, tag) of a float dtype; None for the dtypes
+    whose NaNs cannot carry it (integers, bools, 8-bit floats)."""
+    if dtype.kind != "f" and "float" not in dtype.name:
+        return None
+    try:
+        nmant = int(np.finfo(dtype).nmant)
+    except Exception:
+        import ml_dtypes
+
+        nmant = int(ml_dtypes.finfo(dtype).nmant)  # type: ignore[no-untyped-call]
+    if nmant < 7:
+        return None
+    bits = dtype.itemsize * 8
+    view = {2: np.uint16, 4: np.uint32, 8: np.uint64}.get(dtype.itemsize)
+    if view is None:
+        return None
+    exponent = ((1 << (bits - 1)) - 1) & ~((1 << nmant) - 1)
+    shift = nmant - 7
+    return view, exponent, 0x7F << shift, _TAG << shift
+
+
+def _tainted(values: np.ndarray) -> np.ndarray | None:
+    """Which elements of ``values`` carry the taint (None: the dtype cannot carry it)."""
+    layout = _taint_layout(values.dtype)
+    if layout is None:
+        return None
+    view, exponent, tag_mask, tag = layout
+    bits = np.ascontiguousarray(values).view(view)
+    hit: np.ndarray = ((bits & view(exponent)) == view(exponent)) & (
+        (bits & view(tag_mask)) == view(tag)
+    )
+    return hit
+
+
+def _poison(content: np.ndarray) -> bool:
+    """Fill a fresh float buffer with the tainted NaN; False if its dtype cannot carry it."""
+    layout = _taint_layout(content.dtype)
+    if layout is None:
+        return False
+    view, exponent, _, tag = layout
+    content.view(view)[...] = view(exponent | tag)
+    return True
+
+
+def _origin(sm: Any) -> dict[str, Any] | None:
+    return sm.__dict__.get(_ORIGIN)  # type: ignore[no-any-return]
+
+
+def targets() -> list[tuple[Any, str, Any]]:
+    """The allocation, read, write and DMA hooks (module and class attributes to swap)."""
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+    from jax._src.pallas.mosaic.interpret import shared_memory as memory
+
+    sm_cls = memory.SharedMemory
+    orig_alloc, orig_dealloc = sm_cls.allocate_buffer, sm_cls.deallocate_buffer
+    orig_get, orig_store = sm_cls.get_buffer_content, sm_cls.store_buffer_content
+    orig_swap = sm_cls.swap_buffer_content
+    utils = ipc.interpret_utils
+    orig_uninit, orig_pad = utils.get_uninitialized_array, utils.pad_to_block_dimension
+
+    def get_uninitialized_array(*args: Any, **kw: Any) -> Any:
+        return _track(orig_uninit(*args, **kw))
+
+    def pad_to_block_dimension(value: Any, *args: Any, **kw: Any) -> Any:
+        out = orig_pad(value, *args, **kw)
+        return _track(out) if _is_tracked(value) else out
+
+    def allocate_buffer(self: Any, key: Any, ref_count: int, value: Any, *a: Any, **kw: Any) -> Any:
+        new = key not in self.mem
+        out = orig_alloc(self, key, ref_count, value, *a, **kw)
+        if new and getattr(_tls, "unwritten", False):
+            _maps(self)[key] = np.zeros(np.shape(value), bool)
+            if self.uninitialized_memory == "nan":
+                _poison(self.mem[key].content)
+        return out
+
+    def deallocate_buffer(self: Any, key: Any, *a: Any, **kw: Any) -> Any:
+        out = orig_dealloc(self, key, *a, **kw)
+        if key not in self.mem:
+            _maps(self).pop(key, None)
+        return out
+
+    def get_buffer_content(self: Any, key: Any, rnge: Any, *a: Any, **kw: Any) -> Any:
+        out = orig_get(self, key, rnge, *a, **kw)
+        written = _maps(self).get(key)
+        if written is None:
+            return out
+        view = _view(written, rnge)
+        if view is None or view.shape != np.shape(out[0]):
+            return out  # out of bounds: the interpreter's own error stands
+        dma = getattr(_tls, "dma", None)
+        info = kw.get("logging_info")
+        source_info = getattr(info, "source_info", None)
+        if dma is None and source_info is None:
+            if key[0] in ("any", "hbm"):
+                # The result is read back: here unwritten memory is used.
+                if not view.all():
+                    # Raised when the call has ended well otherwise: a refusal at the kernel's
+                    # end (a DMA never waited for), a fault or a deadlock elsewhere is the
+                    # better message, and raising here would stop a device its peers wait on.
+                    with _pending_lock:
+                        if not _pending:
+                            _pending.append(_result_error(self, key, rnge, view))
+            else:
+                # The pipeline copies an output block to HBM: the window takes the block's
+                # map, and the block buffer holds a stale block from now on.
+                _tls.carry = view.copy()
+                written[...] = False
+                if self.uninitialized_memory == "nan":
+                    _poison(self.mem[key].content)
+        elif not view.all() and (dma is not None or not _from_rule(source_info)):
+            carries = self.uninitialized_memory == "nan" and _taint_layout(out[0].dtype)
+            if not carries:
+                raise _error(self, key, rnge, view, info, dma)
+            if _origin(self) is None:
+                self.__dict__[_ORIGIN] = _read_parts(self, key, rnge, view, info, dma)
+        return out
+
+    def _mark(self: Any, key: Any, rnge: Any, value: Any, mask: Any = None) -> None:
+        written = _maps(self).get(key)
+        carry = getattr(_tls, "carry", None)
+        _tls.carry = None
+        tainted = _tainted(np.asarray(value)) if _origin(self) is not None else None
+        if written is None:
+            if tainted is None or not tainted.any():
+                return
+            written = _maps(self)[key] = np.ones(self.mem[key].content.shape, bool)
+        try:
+            index = tuple(rnge)
+            fresh = ~tainted if tainted is not None else True
+            if mask is not None:
+                mask = np.asarray(mask, bool)
+                written[index] = np.where(mask, fresh, written[index])
+            elif carry is not None and written[index].shape == carry.shape:
+                written[index] = carry & fresh
+            else:
+                written[index] = fresh
+        except Exception:
+            pass  # an out-of-bounds store: the interpreter raised (or clipped) it already
+
+    def store_buffer_content(self: Any, key: Any, rnge: Any, value: Any, *a: Any, **kw: Any) -> Any:
+        out = orig_store(self, key, rnge, value, *a, **kw)
+        _mark(self, key, rnge, value)
+        return out
+
+    def swap_buffer_content(
+        self: Any, key: Any, rnge: Any, value: Any, mask: Any, *a: Any, **kw: Any
+    ) -> Any:
+        out = orig_swap(self, key, rnge, value, mask, *a, **kw)
+        _mark(self, key, rnge, value, mask)
+        return out
+
+    out: list[tuple[Any, str, Any]] = [
+        (utils, "get_uninitialized_array", get_uninitialized_array),
+        (utils, "pad_to_block_dimension", pad_to_block_dimension),
+        (ipc, "callback", _CallbackModule(ipc.callback)),
+        (sm_cls, "allocate_buffer", allocate_buffer),
+        (sm_cls, "deallocate_buffer", deallocate_buffer),
+        (sm_cls, "get_buffer_content", get_buffer_content),
+        (sm_cls, "store_buffer_content", store_buffer_content),
+        (sm_cls, "swap_buffer_content", swap_buffer_content),
+    ]
+    out += _dma_targets(ipc, memory)
+    return out
+
+
+_pending_lock = threading.Lock()
+#: The first result-with-unwritten-elements error of the current call (see take_result_error).
+_pending: list[Exception] = []
+
+
+def take_result_error() -> Exception | None:
+    """The result error of the call that just ended, once (the simulator raises it when the call
+    otherwise succeeded: a deadlock or fault that left the result unwritten is the error then)."""
+    with _pending_lock:
+        err = _pending[0] if _pending else None
+        _pending.clear()
+    return err
+
+
+def _dma_targets(ipc: Any, memory: Any) -> list[tuple[Any, str, Any]]:
+    """A DMA's copy steps run with the DMA known (its read is checked, not the pipeline's);
+    waits and DMA signals are remembered per semaphore for the message."""
+    orig_read, orig_write = ipc.DMA.execute_read, ipc.DMA.execute_write
+    orig_wait = memory.Semaphore.wait
+
+    def execute_read(self: Any) -> Any:
+        outer, _tls.dma = getattr(_tls, "dma", None), self
+        try:
+            out = orig_read(self)
+        finally:
+            _tls.dma = outer
+        if self.src_sem is not None:
+            _note(self.src_sem, "signal", f"the send side of {_describe_dma(self)}")
+        return out
+
+    def execute_write(self: Any) -> Any:
+        outer, _tls.dma = getattr(_tls, "dma", None), self
+        try:
+            out = orig_write(self)
+        finally:
+            _tls.dma = outer
+        _note(self.dst_sem, "signal", _describe_dma(self))
+        return out
+
+    def wait(self: Any, value: Any, global_core_id: Any, *a: Any, **kw: Any) -> Any:
+        out = orig_wait(self, value, global_core_id, *a, **kw)
+        device, core = divmod(int(global_core_id), self.shared_memory.num_cores_per_device)
+        where = getattr(_tls, "wait_at", None)
+        _note(self, "wait", f"device {device}, core {core}" + (f" at {where}" if where else ""))
+        return out
+
+    out: list[tuple[Any, str, Any]] = [
+        (ipc.DMA, "execute_read", execute_read),
+        (ipc.DMA, "execute_write", execute_write),
+        (memory.Semaphore, "wait", wait),
+    ]
+    for name in ("dma_wait", "semaphore_wait"):
+        fn = getattr(ipc, name, None)
+        if fn is not None:
+            out.append((ipc, name, _noting_wait(fn)))
+    return out
+
+
+def _noting_wait(fn: Any) -> Any:
+    """A wait callback that leaves its source line where the semaphore's wait can read it."""
+
+    def waiting(*args: Any, **kw: Any) -> Any:
+        from coremesh.testing.sim.faults import user_location
+
+        _tls.wait_at = user_location(kw.get("source_info"))
+        try:
+            return fn(*args, **kw)
+        finally:
+            _tls.wait_at = None
+
+    waiting.__name__ = waiting.__qualname__ = getattr(fn, "__name__", "wait")
+    waiting.__wrapped__ = getattr(fn, "__wrapped__", fn)  # type: ignore[attr-defined]
+    return waiting
+
+
+# ---------------------------------------------------------------------- the message
+
+
+def _buffer_text(sm: Any, key: Any) -> str:
+    space, bid = key[0], key[1]
+    buf = sm.mem.get(key)
+    content = getattr(buf, "content", None)
+    shape = tuple(getattr(buf, "logical_shape", None) or getattr(content, "shape", None) or ())
+    dtype = getattr(content, "dtype", "?")
+    return f"{str(space).upper()} {dtype}[{','.join(map(str, shape))}] (buffer #{bid})"
+
+
+def _range_text(rnge: Any) -> str:
+    parts = []
+    for r in tuple(rnge):
+        if isinstance(r, slice):
+            parts.append(f"{r.start}:{r.stop}" + (f":{r.step}" if r.step not in (1, None) else ""))
+        else:
+            parts.append(str(r))
+    return f"[{', '.join(parts)}]" if parts else "the whole buffer"
+
+
+def _describe_dma(dma: Any) -> str:
+    from coremesh.testing.sim.faults import user_location
+
+    where = user_location(dma.source_info)
+    return (
+        f"the DMA from device {dma.src_device_id} (core {dma.src_local_core_id}) to device "
+        f"{dma.dst_device_id} (core {dma.dst_local_core_id})"
+        + (f" started at {where}" if where else "")
+    )
+
+
+def _semaphore_text(sem: Any) -> str:
+    from coremesh.testing.sim.deadlock import semaphore_description
+
+    name = semaphore_description(sem)
+    notes = sem.shared_memory.__dict__.get(_NOTES, {})
+    wait = notes.get((sem.id, "wait"), "none yet")
+    signal = notes.get((sem.id, "signal"), "none yet")
+    return f"{name} (last completed wait: {wait}; last signalled by: {signal})"
+
+
+def _read_parts(
+    sm: Any, key: Any, rnge: Any, view: np.ndarray, info: Any, dma: Any
+) -> dict[str, Any]:
+    """Where a read of unwritten memory happened, and what it read."""
+    from coremesh.testing.sim.faults import kernel_of, user_location
+
+    missing = int(view.size - np.count_nonzero(view))
+    first = tuple(int(i) for i in np.argwhere(~view)[0]) if view.ndim else ()
+    if dma is not None:
+        device, core = int(dma.src_device_id), int(dma.src_local_core_id)
+        source_info = dma.source_info
+        sems = [f"destination {_semaphore_text(dma.dst_sem)}"]
+        if dma.src_sem is not None:
+            sems.append(f"source {_semaphore_text(dma.src_sem)}")
+        operation = "a DMA whose source holds unwritten memory"
+        extra = "; semaphores: " + "; ".join(sems)
+    else:
+        device = int(getattr(info, "device_id", key[2]))
+        core = int(getattr(info, "local_core_id", key[3]))
+        source_info = getattr(info, "source_info", None)
+        operation = "a load of unwritten memory"
+        extra = ""
+    kernel, body = kernel_of(source_info)
+    location = user_location(source_info) or (f"the kernel's body ({body})" if body else None)
+    buffer, index = _buffer_text(sm, key), _range_text(rnge)
+    text = (
+        f"{operation} on device {device}, core {core}"
+        + (f" in kernel {kernel!r}" if kernel else "")
+        + (f" at {location}" if location else "")
+        + f": buffer {buffer}, range {index}: {missing} of {view.size} element(s) never written"
+        + (f", the first at {first} of the range" if first else "")
+        + extra
+    )
+    return {
+        "text": text,
+        "device": device,
+        "core": core,
+        "kernel": kernel,
+        "location": location,
+        "operation": operation,
+        "buffer": buffer,
+        "index": index,
+        "dma": dma is not None,
+    }
+
+
+_RULE = (
+    "a kernel uses only memory that it, a DMA or the pipeline wrote; fresh scratch, outputs and "
+    "pipeline blocks hold stale bytes on the chip"
+)
+_OFF = " (simulate(check_uninitialized=False) turns this check off)"
+
+
+def _error(sm: Any, key: Any, rnge: Any, view: np.ndarray, info: Any, dma: Any) -> Exception:
+    """A read whose value cannot carry the taint (integers, bools, a zero fill): raised there."""
+    parts = _read_parts(sm, key, rnge, view, info, dma)
+    if parts["dma"]:
+        fix = (
+            "wait for the DMA (or store) that fills the source before starting this DMA: its "
+            "semaphore's wait must come first"
+        )
+    else:
+        fix = (
+            "store to the buffer (or wait for the DMA that fills it) before loading it; for an "
+            "accumulator, initialise it under pl.when(step == 0)"
+        )
+    return UninitializedReadError(
+        parts["text"],
+        device=parts["device"],
+        core=parts["core"],
+        kernel=parts["kernel"],
+        location=parts["location"],
+        operation=parts["operation"],
+        buffer=parts["buffer"],
+        index=parts["index"],
+        rule=_RULE,
+        chip=current_name(),
+        fix=fix + _OFF,
+    )
+
+
+def _result_error(sm: Any, key: Any, rnge: Any, view: np.ndarray) -> Exception:
+    """The result holds elements never written, or computed from unwritten memory."""
+    missing = int(view.size - np.count_nonzero(view))
+    first: tuple[int, ...] = ()
+    if view.ndim:
+        starts = [r.start or 0 if isinstance(r, slice) else None for r in tuple(rnge)]
+        starts = [s for s in starts if s is not None] + [0] * view.ndim
+        first = tuple(int(i) + starts[d] for d, i in enumerate(np.argwhere(~view)[0]))
+    buffer = _buffer_text(sm, key)
+    origin = _origin(sm)
+    what = (
+        f"a kernel's result on device {key[2]} holds unwritten memory: {missing} of "
+        f"{view.size} element(s) of output {buffer} were never written or were computed from "
+        "unwritten memory" + (f", the first at {first}" if first else "")
+    )
+    if origin is not None:
+        what += f"; the run first read unwritten memory here: {origin['text']}"
+        fix = "write that memory (or wait for the DMA that fills it) before that read"
+        where = origin
+    else:
+        what += "; no kernel read unwritten memory: these elements were never written"
+        fix = "write every element of the output (or pass a smaller out_shape)"
+        where = {"device": int(key[2]), "core": None, "kernel": None, "location": None}
+    return UninitializedReadError(
+        what,
+        device=where["device"],
+        core=where["core"],
+        kernel=where["kernel"],
+        location=where["location"],
+        operation="the kernel's result" + (f", from {origin['operation']}" if origin else ""),
+        buffer=where.get("buffer", buffer),
+        index=where.get("index", f"{first}" if first else None),
+        rule=_RULE,
+        chip=current_name(),
+        fix=fix + _OFF,
+    )
