@@ -6,7 +6,9 @@ timeout, one after the other; a run that does not finish in time is reported as 
 "stock" is jax's own TPU interpret mode, given only what it needs to trace the programs on a CPU
 at all: ``pltpu.get_tpu_info()`` and the core count of ``create_tensorcore_mesh`` for the chip,
 and the requested number of devices (``simulate(disable_patches=...)`` with every fix off but
-those two). "coremesh" is ``coremesh.testing.simulate`` with all its fixes.
+those two). "coremesh" is ``coremesh.testing.simulate`` with all its fixes; "unchecked" is the
+same without the uninitialized-read check (``check_uninitialized=False``), whose cost the bench
+records (goal: at most 1.5x).
 
     python benchmarks/bench_sim.py [--out bench-results/] [--timeout 60] [--reps 4]
 
@@ -55,7 +57,10 @@ from coremesh.testing.sim import PATCH_NAMES, simulate
 
 mode, name, devices, reps, chip = {mode!r}, {name!r}, {devices}, {reps}, {chip!r}
 kept = {kept!r}
-disabled = [] if mode == "coremesh" else [p for p in PATCH_NAMES if p not in kept]
+disabled = {{
+    "coremesh": [],
+    "unchecked": ["uninitialized_reads"],
+}}.get(mode) or [p for p in PATCH_NAMES if p not in kept]
 if mode == "stock":
     # Stock interpret mode as it is run: one host CPU device per simulated TPU device.
     # (simulate() itself asks for spare host devices, whose threads can hide the stock hang.)
@@ -173,6 +178,18 @@ def cell(r: dict[str, Any]) -> str:
     return f"{r['status'].upper()}: {r['detail']}"
 
 
+def check_cost(row: dict[str, Any]) -> float | None:
+    """Warm time with the uninitialized-read check over the time without it."""
+    on, off = row["coremesh"], row.get("unchecked")
+    if off is None or on["status"] != "ok" or off["status"] != "ok":
+        return None
+    return float(on["warm_s"] / off["warm_s"])
+
+
+def fmt_ratio(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
 def speedup(stock: dict[str, Any], ours: dict[str, Any]) -> str:
     if stock["status"] == "ok" and ours["status"] == "ok":
         wall = stock["warm_s"] / ours["warm_s"]
@@ -197,15 +214,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.only and name not in args.only:
             continue
         row: dict[str, Any] = {"program": name, "devices": devices}
-        for mode in ("stock", "coremesh"):
+        for mode in ("stock", "coremesh", "unchecked"):
             # The simulator never needs long; a generous bound still catches a regression.
             timeout = args.timeout if mode == "stock" else max(args.timeout, 120.0)
             row[mode] = summarize(run_worker(mode, name, devices, args.reps, args.chip, timeout))
         row["speedup"] = speedup(row["stock"], row["coremesh"])
+        row["check_cost"] = check_cost(row)
         rows.append(row)
         print(
             f"{name:16s} {devices} dev | stock: {cell(row['stock']):55s} | "
-            f"coremesh: {cell(row['coremesh']):40s} | {row['speedup']}",
+            f"coremesh: {cell(row['coremesh']):40s} | {row['speedup']} | "
+            f"uninitialized-read check: {fmt_ratio(row['check_cost'])}",
             flush=True,
         )
 
@@ -279,6 +298,18 @@ def goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "measured": f"coremesh {cell(sc['coremesh'])}; stock {cell(sc['stock'])}",
                 }
             )
+    costs = [(r["check_cost"], r) for r in rows if r.get("check_cost") is not None]
+    if costs:
+        worst, row = max(costs, key=lambda c: c[0])
+        out.append(
+            {
+                "goal": "the uninitialized-read check costs at most 1.5x (warm, with / without)",
+                "met": worst <= 1.5,
+                "measured": f"at most {worst:.2f}x ({row['program']}, {row['devices']} device(s))"
+                + "; "
+                + ", ".join(f"{r['program']}/{r['devices']}: {c:.2f}x" for c, r in costs),
+            }
+        )
     four = [r for r in rows if r["devices"] == 4]
     if four:
         met = all(r["coremesh"]["status"] == "ok" for r in four)
@@ -340,13 +371,14 @@ def markdown(report: dict[str, Any]) -> str:
         f"fastest of the rest); stock runs time out after {report['stock_timeout_s']:g} s.",
         f"Stock = {report['stock_means']}.",
         "",
-        "| program | devices | stock | coremesh | speedup (warm wall time, CPU time) |",
-        "|---|---|---|---|---|",
+        "| program | devices | stock | coremesh | speedup (warm wall time, CPU time) "
+        "| uninitialized-read check (with / without) |",
+        "|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
         lines.append(
             f"| {r['program']} | {r['devices']} | {cell(r['stock'])} | {cell(r['coremesh'])} "
-            f"| {r['speedup']} |"
+            f"| {r['speedup']} | {fmt_ratio(r.get('check_cost'))} |"
         )
     lines += ["", "## Goals", ""]
     for g in report["goals"]:
