@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         UnfinishedKernelError,
     )
     from coremesh.testing.sim.patches import PATCH_NAMES
+    from coremesh.testing.sim.schedule import Schedule
     from coremesh.testing.sim.simulator import SimParams, Simulator, simulate
 
 _WHERE = {
@@ -32,6 +33,7 @@ _WHERE = {
     "UnfinishedKernelError": "errors",
     "SimulationRaceError": "errors",
     "PATCH_NAMES": "patches",
+    "Schedule": "schedule",
     "SimParams": "simulator",
     "Simulator": "simulator",
     "simulate": "simulator",
@@ -41,6 +43,7 @@ __all__ = [
     "DEFAULT_DEADLINE_S",
     "PATCH_NAMES",
     "NotSimulatedError",
+    "Schedule",
     "SimParams",
     "SimulationDeadlock",
     "SimulationFault",
