@@ -14,8 +14,8 @@ from coremesh.testing.shipped import KERNELS, programs
 MODES = ("on_wait", "eager")
 
 #: all_gather's kernel waits on its DMA semaphores in an order that only a chip finishing DMAs
-#: in issue order satisfies; under "on_wait" the simulator returns NaN rows for it (issue #16),
-#: so it runs under "eager" only until that is fixed.
+#: in issue order satisfies; under "on_wait" the simulator returns NaN rows for it, so it runs
+#: under "eager" here (tests/sim/test_schedule.py checks that explore() flags it at that wait).
 EAGER_ONLY = {"all_gather"}
 #: ragged_paged_attention reshapes a VMEM ref (``ref.reshape``), which the interpreter's loads
 #: do not take (``ReshapeTransform``); it is compiled below but not simulated yet.

@@ -126,6 +126,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "compile_cache",
         "fast_transforms",
         "deadlock_watchdog",
+        "dma_schedule",  # test_schedule.py
         "race_report",
         "fault_report",  # test_faults.py
         "kernel_refusals",  # test_refusals.py

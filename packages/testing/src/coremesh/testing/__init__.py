@@ -16,6 +16,9 @@ _LAZY = {
     "Simulator": "coremesh.testing.sim",
     "SimulationDeadlock": "coremesh.testing.sim",
     "NotSimulatedError": "coremesh.testing.sim",
+    "Schedule": "coremesh.testing.sim",
+    "explore": "coremesh.testing.exploration",
+    "Exploration": "coremesh.testing.exploration",
 }
 
 

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         UninitializedReadError,
     )
     from coremesh.testing.sim.patches import PATCH_NAMES
+    from coremesh.testing.sim.schedule import Schedule
     from coremesh.testing.sim.simulator import SimParams, Simulator, simulate
 
 _WHERE = {
@@ -34,6 +35,7 @@ _WHERE = {
     "UninitializedReadError": "errors",
     "SimulationRaceError": "errors",
     "PATCH_NAMES": "patches",
+    "Schedule": "schedule",
     "SimParams": "simulator",
     "Simulator": "simulator",
     "simulate": "simulator",
@@ -43,6 +45,7 @@ __all__ = [
     "DEFAULT_DEADLINE_S",
     "PATCH_NAMES",
     "NotSimulatedError",
+    "Schedule",
     "SimParams",
     "SimulationDeadlock",
     "SimulationFault",

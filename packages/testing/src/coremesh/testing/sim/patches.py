@@ -808,6 +808,12 @@ def _refusal_targets() -> list[tuple[Any, str, Any]]:
     return refusals.targets()
 
 
+def _schedule_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import schedule
+
+    return schedule.targets()
+
+
 PATCHES: tuple[Patch, ...] = (
     Patch(
         "simulated_chip",
@@ -885,6 +891,13 @@ PATCHES: tuple[Patch, ...] = (
         "deadlock_watchdog",
         "a semaphore wait nobody signals polls forever (shared_memory.py:158)",
         _watchdog_targets,
+    ),
+    Patch(
+        "dma_schedule",
+        "the interpreter completes DMAs in one fixed order (at the start, or at the wait that "
+        "needs them, newest first: shared_memory.py:197), so a kernel that relies on another "
+        "order is never caught; simulate(schedule=...) chooses the order",
+        _schedule_targets,
     ),
     Patch(
         "race_report",

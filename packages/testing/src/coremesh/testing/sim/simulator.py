@@ -25,12 +25,13 @@ from coremesh.core import jax_compat
 from coremesh.core.chips import Chip, get_chip
 from coremesh.core.errors import CoremeshError, MeshError
 from coremesh.core.targets import auto_mesh, using_target
-from coremesh.testing.sim import patches
+from coremesh.testing.sim import patches, schedule
 from coremesh.testing.sim.chip import SimulatedChip
 from coremesh.testing.sim.deadlock import DEFAULT_DEADLINE_S, WATCHDOG
 from coremesh.testing.sim.devices import configure_host_devices, cpu_devices
 from coremesh.testing.sim.errors import race_error
 from coremesh.testing.sim.refusals import check_devices
+from coremesh.testing.sim.schedule import Schedule
 
 DmaMode = Literal["on_wait", "eager"]
 
@@ -89,6 +90,7 @@ class Simulator:
         uninitialized_memory: Literal["nan", "zero"] = "nan",
         grid_seed: int | None = None,
         check_uninitialized: bool = True,
+        schedule: Schedule | None = None,
         disable_patches: Collection[str] = (),
     ) -> None:
         record = get_chip(chip)
@@ -148,6 +150,8 @@ class Simulator:
                 rule=f"the patches are {', '.join(patches.PATCH_NAMES)}",
                 fix="name patches from that list",
             )
+        check_schedule(schedule, dma_execution_mode, disable_patches)
+        self._schedule = schedule
         self._chip = SimulatedChip(record, cores, _tpu_info(record, cores))
         self._n = devices
         self._races = races
@@ -199,6 +203,11 @@ class Simulator:
     @property
     def races(self) -> bool:
         return self._races
+
+    @property
+    def schedule(self) -> Schedule | None:
+        """The DMA schedule kernels run under (None: ``dma_execution_mode`` alone)."""
+        return self._schedule
 
     @property
     def deadline(self) -> float:
@@ -253,6 +262,7 @@ class Simulator:
             stack.enter_context(pltpu.force_tpu_interpret_mode(self._params))
             stack.enter_context(jax.default_device(self._devices[0]))
             stack.enter_context(using_target(self))
+            stack.enter_context(schedule.using(self._schedule))
         except BaseException:
             stack.close()
             raise
@@ -291,7 +301,34 @@ class Simulator:
         return (
             f"Simulator({self._chip.name}, devices={self._n}, "
             f"cores_per_device={self._chip.cores_per_device}, "
-            f"dma={self._params.dma_execution_mode!r}, races={self._races})"
+            f"dma={self._params.dma_execution_mode!r}, races={self._races}"
+            + (f", schedule={self._schedule})" if self._schedule is not None else ")")
+        )
+
+
+def check_schedule(value: object, dma_execution_mode: str, disabled: Collection[str]) -> None:
+    """Refuse a schedule the simulator cannot honour, before anything runs."""
+    if value is None:
+        return
+    if not isinstance(value, Schedule):
+        raise CoremeshError(
+            f"schedule={value!r}",
+            rule="a DMA schedule is a coremesh.testing.Schedule (policy and seed) or None",
+            fix="pass schedule=Schedule('random', seed=0), Schedule('in_order'), ... or leave it "
+            "out for the interpreter's own order",
+        )
+    if dma_execution_mode != "on_wait":
+        raise CoremeshError(
+            f"schedule={value} with dma_execution_mode={dma_execution_mode!r}",
+            rule="a schedule decides when each DMA completes; 'eager' mode completes them all "
+            "when they start, so it leaves the schedule nothing to choose",
+            fix="leave dma_execution_mode out (or use Schedule('eager'))",
+        )
+    if "dma_schedule" in disabled:
+        raise CoremeshError(
+            f"schedule={value} with the dma_schedule patch disabled",
+            rule="the dma_schedule patch is what runs DMAs in the schedule's order",
+            fix="drop 'dma_schedule' from disable_patches or leave schedule= out",
         )
 
 
@@ -313,6 +350,7 @@ def simulate(
     uninitialized_memory: Literal["nan", "zero"] = "nan",
     grid_seed: int | None = None,
     check_uninitialized: bool = True,
+    schedule: Schedule | None = None,
     disable_patches: Collection[str] = (),
 ) -> Simulator:
     """A context in which unchanged Pallas TPU code runs on the CPU as ``devices`` x ``chip``.
@@ -336,9 +374,13 @@ def simulate(
         ``pallas_call`` dimensions with PARALLEL semantics (it always shuffles them, as cores on
         real hardware may take them in any order; None is its default seed, 0). Run a kernel
         under several seeds: one whose result depends on that order has a bug.
-      check_uninitialized: a load, or a DMA's read, of memory nothing wrote (fresh scratch,
-        outputs, pipeline blocks) raises :class:`UninitializedReadError` at its line; False
-        turns the check off (the read returns ``uninitialized_memory``'s fill).
+      check_uninitialized: track which elements of fresh buffers (scratch, outputs, pipeline
+        blocks) were written; a result computed from, or holding, memory nothing wrote raises
+        :class:`UninitializedReadError` naming the first read of it (an integer load raises at
+        the load). False turns the check off (reads return ``uninitialized_memory``'s fill).
+      schedule: the order in which DMAs complete (:class:`coremesh.testing.Schedule`: at their
+        start, at the wait, in issue order, or seeded random); None leaves it to
+        ``dma_execution_mode``. :func:`coremesh.testing.explore` runs a kernel under many.
       disable_patches: names from ``patches.PATCH_NAMES`` to leave out; for regression tests
         that show what each fix is for.
 
@@ -362,5 +404,6 @@ def simulate(
         uninitialized_memory=uninitialized_memory,
         grid_seed=grid_seed,
         check_uninitialized=check_uninitialized,
+        schedule=schedule,
         disable_patches=disable_patches,
     )
