@@ -16,6 +16,8 @@ _LAZY = {
     "Simulator": "coremesh.testing.sim",
     "SimulationDeadlock": "coremesh.testing.sim",
     "NotSimulatedError": "coremesh.testing.sim",
+    "SimulationFault": "coremesh.testing.sim",
+    "UninitializedReadError": "coremesh.testing.sim",
     "Schedule": "coremesh.testing.sim",
     "explore": "coremesh.testing.exploration",
     "Exploration": "coremesh.testing.exploration",
