@@ -57,10 +57,12 @@ from coremesh.testing.sim import PATCH_NAMES, simulate
 
 mode, name, devices, reps, chip = {mode!r}, {name!r}, {devices}, {reps}, {chip!r}
 kept = {kept!r}
-disabled = {{
-    "coremesh": [],
-    "unchecked": ["uninitialized_reads"],
-}}.get(mode) or [p for p in PATCH_NAMES if p not in kept]
+if mode == "coremesh":
+    disabled = []
+elif mode == "unchecked":
+    disabled = ["uninitialized_reads"]
+else:
+    disabled = [p for p in PATCH_NAMES if p not in kept]
 if mode == "stock":
     # Stock interpret mode as it is run: one host CPU device per simulated TPU device.
     # (simulate() itself asks for spare host devices, whose threads can hide the stock hang.)
