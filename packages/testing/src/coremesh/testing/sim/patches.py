@@ -567,15 +567,21 @@ def _made_outside_targets() -> list[tuple[Any, str, Any]]:
     # which is in jax's jit key, so the program is traced per chip as any other.
     from jax._src import config
     from jax._src.pallas import pallas_call as pallas_call_module
+    from jax._src.pallas.mosaic.interpret.params import InterpretParams
 
     primitive = pallas_call_module.pallas_call_p
     orig_bind = primitive.bind
 
     def bind(*args: Any, **params: Any) -> Any:
-        if not params.get("interpret") and active_slice() is not None:
+        slice_ = active_slice()
+        if slice_ is not None:
+            own = params.get("interpret")
             forced = config.pallas_tpu_interpret_mode_context_manager.value
-            if forced:
-                params["interpret"] = forced
+            if not own:
+                params["interpret"] = forced or own
+            elif isinstance(own, InterpretParams):
+                # its own parameters, made outside: merged as the entry points merge them
+                params["interpret"] = call_params.effective(slice_.interpret_params, forced, own)
         return orig_bind(*args, **params)
 
     return [(primitive, "bind", bind)]
