@@ -48,7 +48,11 @@ def merge(sim: InterpretParams, own: InterpretParams) -> InterpretParams:
     """``sim`` (the simulator's parameters) with every field ``own`` sets."""
     names = {f.name for f in dataclasses.fields(sim)}
     changes = {name: getattr(own, name) for name in _set_fields(own) & names}
-    return dataclasses.replace(sim, **changes) if changes else sim
+    if not changes:
+        return sim
+    if "own_fields" in names:  # the fast path leaves such a call to the interpreter
+        changes["own_fields"] = frozenset(changes)
+    return dataclasses.replace(sim, **changes)
 
 
 def effective(sim: InterpretParams, forced: Any, own: Any) -> Any:

@@ -322,6 +322,13 @@ _pending_lock = threading.Lock()
 _pending: list[Exception] = []
 
 
+def report_result_error(err: Exception) -> None:
+    """Note ``err`` as the call's result error unless one is noted (the compiled fast path)."""
+    with _pending_lock:
+        if not _pending:
+            _pending.append(err)
+
+
 def take_result_error() -> Exception | None:
     """The result error of the call that just ended, once (the simulator raises it when the call
     otherwise succeeded: a deadlock or fault that left the result unwritten is the error then)."""
