@@ -275,11 +275,28 @@ def _pad(value: Any, shape: tuple[int, ...], filler: Callable[..., Any]) -> Any:
     return lax.dynamic_update_slice(base, value, (0,) * value.ndim)
 
 
-def _raise_block(name: str | None, operand: int, shape: Any, *starts: Any) -> None:
-    index = tuple(int(s) for s in starts)
+def _first_outside(
+    blocks: list[Any], shapes: list[Any], flat: tuple[Any, ...]
+) -> tuple[int, tuple[int, ...], Any] | None:
+    """(which block, its start, its operand's shape) of the first block outside its operand."""
+    at = 0
+    for k, (block, shape) in enumerate(zip(blocks, shapes, strict=True)):
+        index = tuple(int(s) for s in flat[at : at + len(block)])
+        at += len(block)
+        if any(s < 0 or s + b > d for s, b, d in zip(index, block, shape, strict=True)):
+            return k, index, shape
+    return None
+
+
+def _raise_block(name: str | None, blocks: list[Any], shapes: list[Any], *flat: Any) -> None:
+    """Raise for the first block of a step that lies outside its (padded) operand."""
+    found = _first_outside(blocks, shapes, flat)
+    if found is None:
+        return
+    operand, index, shape = found
     fault = SimulationFault(
-        f"a block index out of bounds{_kernel_label(name)}: operand {operand}'s block starts "
-        f"at element {index}, outside its (padded) shape {tuple(shape)}",
+        f"a block index out of bounds{_kernel_label(name)}: block {operand} (inputs, then "
+        f"outputs) starts at element {index}, outside its (padded) shape {tuple(shape)}",
         device=None,
         core=None,
         kernel=name,
@@ -358,13 +375,15 @@ def run(
         env = tuple(pallas_core.GridAxis(idx, b) for idx, b in zip(point, grid, strict=True))
         with pallas_core.grid_env(env):
             starts = [tuple(bm.compute_start_indices_interpret(point, *scalars)) for bm in mappings]
-        for k, (start, shape, full) in enumerate(zip(starts, shapes, padded, strict=True)):
-            bad = functools.reduce(
-                jnp.logical_or,
-                [(s < 0) | (s + b > f) for s, b, f in zip(start, shape, full, strict=True)],
-                jnp.bool_(False),
-            )
-            when(bad, functools.partial(_raise_block, name, k, full), *start)
+        bad = [
+            (s < 0) | (s + b > f)
+            for start, shape, full in zip(starts, shapes, padded, strict=True)
+            for s, b, f in zip(start, shape, full, strict=True)
+        ]
+        if bad:  # one check per step for every block
+            flat = [s for start in starts for s in start]
+            report = functools.partial(_raise_block, name, shapes, padded)
+            when(functools.reduce(jnp.logical_or, bad), report, *flat)
         if per_core < n:
             scratch_vals = [jnp.where(first, filler(v.shape, v.dtype), v) for v in scratch_vals]
         in_blocks = [

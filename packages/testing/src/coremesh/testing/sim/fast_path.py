@@ -102,8 +102,10 @@ def why_interpreted(kw: dict[str, Any], params: Any) -> str | None:
     gm, jaxpr = kw["grid_mapping"], kw["jaxpr"]
     if kw.get("mesh") is not None or getattr(gm, "grid_names", None):
         return "a kernel over a core mesh (pl.kernel / core_map): its cores run in the interpreter"
-    if gm.num_dynamic_grid_bounds or gm.vmapped_dims or gm.local_grid_env is not None:
-        return "a dynamic or vmapped grid"
+    if gm.num_dynamic_grid_bounds:
+        return "a grid whose size is known only at run time"
+    if gm.vmapped_dims or gm.local_grid_env is not None:
+        return "a vmapped grid"
     if kw.get("input_output_aliases"):
         return "input_output_aliases (an output that is an input)"
     if getattr(jaxpr, "constvars", ()):
