@@ -266,3 +266,25 @@ def test_scratch_is_fresh_on_each_core_as_in_the_interpreter() -> None:
         out = np.asarray(sim.run(sums(sum_init_once), x))
     assert only_path(sim) == "compiled"
     np.testing.assert_array_equal(out[8:], 4.0 + np.ones((8, 128)) * 4.0)
+
+
+def test_scalar_prefetch_steers_the_blocks_on_both_paths() -> None:
+    def body(order_ref: Any, x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref[...] + order_ref[pl.program_id(0)].astype(jnp.float32)
+
+    f = pl.pallas_call(
+        body,
+        out_shape=X,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1,
+            grid=(2,),
+            in_specs=[pl.BlockSpec((8, 128), lambda i, order: (order[i], 0))],
+            out_specs=pl.BlockSpec((8, 128), lambda i, order: (i, 0)),
+        ),
+    )
+    order = np.array([1, 0], np.int32)
+    want = np.concatenate([XS[8:] + 1, XS[:8]])
+    for fast in (True, False):
+        with simulate("v5p", 1, fast_path=fast) as sim:
+            np.testing.assert_array_equal(np.asarray(sim.run(f, order, XS)), want)
+        assert only_path(sim) == ("compiled" if fast else "interpreted: simulate(fast_path=False)")
