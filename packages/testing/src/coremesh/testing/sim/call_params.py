@@ -49,11 +49,15 @@ def merge(sim: InterpretParams, own: InterpretParams) -> InterpretParams:
     """``sim`` (the simulator's parameters) with every field ``own`` sets."""
     names = {f.name for f in dataclasses.fields(sim)}
     changes: dict[str, Any] = {name: getattr(own, name) for name in _set_fields(own) & names}
-    if changes and "patches_off" in names:
+    if not changes:
+        return sim
+    if "own_fields" in names:  # the fast path leaves such a call to the interpreter
+        changes["own_fields"] = frozenset(changes)
+    if "patches_off" in names:
         # Parameters of its own configure the interpreter, unwritten memory included: such a
         # kernel reads the fill as in stock (JAX's interpret tests read it on purpose).
-        changes["patches_off"] = frozenset(getattr(sim, "patches_off")) | {"uninitialized_reads"}
-    return dataclasses.replace(sim, **changes) if changes else sim
+        changes["patches_off"] = frozenset(sim.patches_off) | {"uninitialized_reads"}
+    return dataclasses.replace(sim, **changes)
 
 
 def effective(sim: InterpretParams, forced: Any, own: Any) -> Any:

@@ -737,7 +737,11 @@ def _watchdog_targets() -> list[tuple[Any, str, Any]]:
             raise failure from (failure.__cause__ or err)
         unwritten = shadow.take_result_error()
         if unwritten is not None:
-            raise unwritten
+            from coremesh.testing.sim import compiled
+
+            exact = compiled.explained(unwritten)
+            if exact is not None:
+                raise exact
         return out
 
     return [
@@ -804,6 +808,12 @@ def _fault_targets() -> list[tuple[Any, str, Any]]:
     return faults.targets()
 
 
+def _fast_path_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import fast_path
+
+    return fast_path.targets()
+
+
 def _shadow_targets() -> list[tuple[Any, str, Any]]:
     return shadow.targets()
 
@@ -850,6 +860,13 @@ PATCHES: tuple[Patch, ...] = (
         "a semaphore_signal without core_index goes to core 0, not the signalling core "
         "(interpret_pallas_call.py:1179; still so in 0.12.0.1), which hangs plain 2-core kernels",
         _signal_targets,
+    ),
+    Patch(
+        "fast_path",
+        "every load and store of an interpreted kernel is a host callback (tens of µs; "
+        "interpret_pallas_call.py get/store/swap) and so is each pipeline block copy: "
+        "core-local pallas_calls run as compiled XLA instead (simulate(fast_path=...))",
+        _fast_path_targets,
     ),
     Patch(
         "sparsecore_axes",

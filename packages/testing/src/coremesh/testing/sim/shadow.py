@@ -340,6 +340,13 @@ _pending_lock = threading.Lock()
 _pending: list[Exception] = []
 
 
+def report_result_error(err: Exception) -> None:
+    """Note ``err`` as the call's result error unless one is noted (the compiled fast path)."""
+    with _pending_lock:
+        if not _pending:
+            _pending.append(err)
+
+
 def take_result_error() -> Exception | None:
     """The result error of the call that just ended, once (the simulator raises it when the call
     otherwise succeeded: a deadlock or fault that left the result unwritten is the error then)."""
@@ -548,7 +555,8 @@ def _result_error(sm: Any, key: Any, rnge: Any, view: np.ndarray) -> Exception:
     origin = _origin(sm)
     what = (
         f"a kernel's result on device {key[2]} is computed from unwritten memory: {missing} "
-        f"of {view.size} element(s) of output {buffer}" + (f", the first at {first}" if first else "")
+        f"of {view.size} element(s) of output {buffer}"
+        + (f", the first at {first}" if first else "")
     )
     if origin is not None:
         what += f"; the run first read unwritten memory here: {origin['text']}"

@@ -25,6 +25,7 @@ from coremesh.core import jax_compat
 from coremesh.core.chips import Chip, get_chip
 from coremesh.core.errors import CoremeshError, MeshError
 from coremesh.core.targets import auto_mesh, using_target
+from coremesh.testing.sim import fast_path as fast_path_module
 from coremesh.testing.sim import patches, schedule
 from coremesh.testing.sim.chip import SimulatedChip
 from coremesh.testing.sim.deadlock import DEFAULT_DEADLINE_S, WATCHDOG
@@ -67,6 +68,10 @@ class SimParams(InterpretParams):  # type: ignore[misc]
     chip: SimulatedChip | None = None
     #: the patches left out: a program traced with a check is not reused without it
     patches_off: frozenset[str] = frozenset()
+    #: why no kernel runs compiled ("": the fast path is on; see ``fast_path``)
+    fast_path_off: str = ""
+    #: the fields a call's own ``InterpretParams`` set (such a call is interpreted)
+    own_fields: frozenset[str] = frozenset()
 
 
 class Simulator:
@@ -92,6 +97,7 @@ class Simulator:
         check_uninitialized: bool = True,
         schedule: Schedule | None = None,
         disable_patches: Collection[str] = (),
+        fast_path: bool = False,
     ) -> None:
         record = get_chip(chip)
         if record.name not in _CHIP_VERSIONS:
@@ -143,6 +149,13 @@ class Simulator:
                 rule="reads of unwritten memory are checked (True) or not (False)",
                 fix="pass check_uninitialized=True or False",
             )
+        if not isinstance(fast_path, bool):
+            raise CoremeshError(
+                f"fast_path={fast_path!r}",
+                rule="core-local kernels run as compiled XLA (True) or all kernels run in the "
+                "interpreter (False)",
+                fix="pass fast_path=True or False",
+            )
         unknown = set(disable_patches) - set(patches.PATCH_NAMES)
         if unknown:
             raise CoremeshError(
@@ -167,7 +180,11 @@ class Simulator:
             uninitialized_memory=uninitialized_memory,
             random_seed=grid_seed,
             patches_off=self._disabled,
+            fast_path_off=fast_path_module.off_reason(
+                fast_path=fast_path, races=races, schedule=schedule
+            ),
         )
+        self._paths: dict[str, str] = {}
         self._devices: tuple[Any, ...] = ()
         self._stacks: list[tuple[contextlib.ExitStack, float]] = []
         self._race_reports: list[str] = []
@@ -229,6 +246,17 @@ class Simulator:
         """Kernels in which races were found so far (with ``races=True``)."""
         return tuple(self._race_reports)
 
+    @property
+    def paths(self) -> dict[str, str]:
+        """Kernel -> the path its last call in this simulator took: ``"compiled"`` (core-local
+        work as XLA, :mod:`coremesh.testing.sim.fast_path`) or ``"interpreted: <reason>"``."""
+        self._paths.update(fast_path_module.PATHS.drain())
+        return dict(self._paths)
+
+    def path_report(self) -> str:
+        """One line per kernel: its name and the path it took."""
+        return "\n".join(f"{kernel}: {path}" for kernel, path in self.paths.items())
+
     def mesh(self, axis_name: str = "device") -> jax.sharding.Mesh:
         """A 1-D device mesh over the simulated devices, as ``jax.make_mesh`` makes it
         (``Explicit`` axis: place arrays with ``NamedSharding`` before ``shard_map``)."""
@@ -259,6 +287,7 @@ class Simulator:
                 ipc.reset_tpu_interpret_mode_state()
                 WATCHDOG.reset()
                 patches.RACES.drain()
+                fast_path_module.PATHS.drain()
             stack.enter_context(pltpu.force_tpu_interpret_mode(self._params))
             stack.enter_context(jax.default_device(self._devices[0]))
             stack.enter_context(using_target(self))
@@ -280,6 +309,7 @@ class Simulator:
         failure = WATCHDOG.take() if exc is not None else None
         if failure is not None:
             ipc.reset_tpu_interpret_mode_state()
+        self._paths.update(fast_path_module.PATHS.drain())
         try:
             if exc is None:
                 self._raise_races()
@@ -352,6 +382,7 @@ def simulate(
     check_uninitialized: bool = True,
     schedule: Schedule | None = None,
     disable_patches: Collection[str] = (),
+    fast_path: bool = False,
 ) -> Simulator:
     """A context in which unchanged Pallas TPU code runs on the CPU as ``devices`` x ``chip``.
 
@@ -383,6 +414,11 @@ def simulate(
         ``dma_execution_mode``. :func:`coremesh.testing.explore` runs a kernel under many.
       disable_patches: names from ``patches.PATCH_NAMES`` to leave out; for regression tests
         that show what each fix is for.
+      fast_path: opt-in while it is new: run core-local ``pallas_call`` kernels (only pipeline
+        blocks, VMEM/SMEM scratch, compute and plain loads and stores) as compiled XLA, with
+        the same checks (:mod:`coremesh.testing.sim.fast_path`); every other kernel, and every
+        kernel under ``races=True`` or a ``schedule``, is interpreted. ``sim.paths`` says which
+        path each kernel took. False (the default) interprets every kernel.
 
     It is always the simulator. Tests that should also run on a TPU VM (``nox -s tpu_tests``)
     take their slice from the pytest plugin's ``sim`` or ``slice_target`` fixture instead, which
@@ -406,4 +442,5 @@ def simulate(
         check_uninitialized=check_uninitialized,
         schedule=schedule,
         disable_patches=disable_patches,
+        fast_path=fast_path,
     )

@@ -1,0 +1,458 @@
+"""A core-local ``pallas_call`` as compiled XLA: the grid loop over the state-discharged body.
+
+The interpreter runs every load and store of a kernel as a host callback (tens of µs each).
+A kernel whose refs are all its own VMEM/SMEM blocks and scratch needs none of that: its body,
+with its refs discharged to values (jax's ``discharge_state``, as jax's generic interpreter
+does), runs inside one ``while_loop`` over the grid, compiled by XLA. What the chip's pipeline
+and the simulator's checks do is kept, in the loop:
+
+* each step's input blocks are sliced from the (padded) operands at the index map's offsets; an
+  output block starts fresh when its block index changes or a core starts, and is written back;
+  scratch lives across steps and starts fresh on each core. On a 2-core chip the iterations of
+  the leading "parallel" dimensions are visited in the interpreter's (seeded, shuffled) order
+  and split between the cores as it splits them (core 0 the first half), one core after the
+  other;
+* a block index outside the operand, and a load or store outside its ref (dynamic indices are
+  checked where they are discharged, :func:`checked_rules`), raise :class:`SimulationFault`;
+* with the uninitialized-read check on, fresh blocks, scratch and padding hold shadow's tagged
+  NaN, and a result element that still carries it (never written, or computed from unwritten
+  memory) raises :class:`UninitializedReadError` when the call returns: the kernel is then run
+  again, alone and interpreted, on the same operands, whose error names the first read of
+  unwritten memory as the interpreted path does (:func:`explained`); the kernels the taint
+  cannot follow (integer or bool scratch, outputs or padding; a zero fill) are not run here
+  (:mod:`coremesh.testing.sim.fast_path` decides).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from coremesh.testing.sim import shadow
+from coremesh.testing.sim.chip import current_name
+from coremesh.testing.sim.deadlock import WATCHDOG
+from coremesh.testing.sim.errors import SimulationFault, UninitializedReadError
+
+_tls = threading.local()
+
+_OOB_RULE = (
+    "every index of a ref access lies inside the ref's shape; the chip does not check, and "
+    "reads or overwrites other memory"
+)
+
+
+def _kernel_label(name: str | None) -> str:
+    return f" in kernel {name!r}" if name else ""
+
+
+# ------------------------------------------------------------------ bounds of ref accesses
+
+
+def _raise_access(kind: str, name: str | None, where: str | None, shape: Any, *lo_hi: Any) -> None:
+    half = len(lo_hi) // 2
+    ranges = ", ".join(
+        f"{int(a)}..{int(b)}" for a, b in zip(lo_hi[:half], lo_hi[half:], strict=True)
+    )
+    fault = SimulationFault(
+        f"{kind} out of bounds{_kernel_label(name)}"
+        + (f" at {where}" if where else "")
+        + f": indices {ranges} of a ref of shape {tuple(shape)}",
+        device=None,
+        core=None,
+        kernel=name,
+        location=where,
+        operation=f"{kind} out of bounds",
+        index=ranges,
+        rule=_OOB_RULE,
+        chip=current_name(),
+        fix="keep the pl.ds(start, size) / index within the ref (clamp it, or size the buffer "
+        "for the largest index)",
+    )
+    WATCHDOG.record(fault)
+    raise fault
+
+
+def when(bad: Any, report: Callable[..., None], *values: Any) -> None:
+    """Call ``report(*values)`` on the host (where it raises) only if ``bad`` holds: the loop
+    pays a comparison, not a callback, per checked access."""
+
+    def call() -> None:
+        jax.debug.callback(report, *values)
+
+    lax.cond(bad, call, lambda: None)
+
+
+def _index_bounds(indexer: Any) -> tuple[list[Any], list[Any], list[int]] | None:
+    """(lowest, highest, size) per indexed dimension of an ``NDIndexer``; None if it is empty."""
+    from jax._src import indexing as slices
+
+    lows: list[Any] = []
+    highs: list[Any] = []
+    dims: list[int] = []
+    for index, dim in zip(indexer.indices, indexer.shape, strict=True):
+        if isinstance(index, slices.Slice):
+            if isinstance(index.size, int) and index.size == 0:
+                return None
+            lows.append(jnp.asarray(index.start, jnp.int32))
+            highs.append(jnp.asarray(index.start, jnp.int32) + (index.size - 1) * int(index.stride))
+        else:
+            value = jnp.asarray(index, jnp.int32)
+            if value.size == 0:
+                return None
+            lows.append(jnp.min(value))
+            highs.append(jnp.max(value))
+        dims.append(int(dim))
+    return lows, highs, dims
+
+
+def _check_transforms(kind: str, transforms: Any) -> None:
+    from jax._src import source_info_util
+    from jax._src.state import indexing
+
+    from coremesh.testing.sim.faults import user_location
+
+    where = user_location(source_info_util.current())
+    for transform in transforms or ():
+        if not isinstance(transform, indexing.NDIndexer):
+            continue
+        bounds = _index_bounds(transform)
+        if bounds is None or not bounds[0]:
+            continue
+        lows, highs, dims = bounds
+        bad = functools.reduce(
+            jnp.logical_or,
+            [(lo < 0) | (hi >= d) for lo, hi, d in zip(lows, highs, dims, strict=True)],
+        )
+        report = functools.partial(
+            _raise_access, kind, getattr(_tls, "kernel", None), where, transform.shape
+        )
+        when(bad, report, *lows, *highs)
+
+
+def checked_rules(rules: dict[Any, Any]) -> dict[Any, Any]:
+    """``rules`` (jax's discharge rules) with get/swap/addupdate checking their indices while a
+    fast-path kernel is discharged (:func:`run`), and unchanged otherwise."""
+    from jax._src import tree_util
+    from jax._src.state import primitives as state_primitives
+
+    kinds = {
+        state_primitives.get_p: ("a load from a ref", 1),
+        state_primitives.swap_p: ("a store to a ref", 2),
+        state_primitives.addupdate_p: ("an add-update of a ref", 2),
+    }
+
+    def wrap(rule: Callable[..., Any], kind: str, values: int) -> Callable[..., Any]:
+        @functools.wraps(rule)
+        def checked(*args: Any, tree: Any, **kw: Any) -> Any:
+            if getattr(_tls, "checking", False):
+                # jax 0.10 passes (in_avals, out_avals, ...), later lines one context.
+                lead = 1 if hasattr(args[0], "in_avals") else 2
+                idx = args[lead + values :]
+                _check_transforms(kind, tree_util.tree_unflatten(tree, idx))
+            return rule(*args, tree=tree, **kw)
+
+        return checked
+
+    return _Rules(
+        rules,
+        {p: wrap(rules[p], kind, values) for p, (kind, values) in kinds.items() if p in rules},
+    )
+
+
+class _Rules(dict):  # type: ignore[type-arg]
+    """jax's discharge rule table with some rules wrapped; new registrations reach the
+    original table too, so nothing registered while the simulator is open is lost."""
+
+    def __init__(self, original: dict[Any, Any], wrapped: dict[Any, Any]) -> None:
+        super().__init__(original)
+        self.update(wrapped)
+        self._original = original
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._original[key] = value
+        super().__setitem__(key, value)
+
+
+# ------------------------------------------------------------------ fill values and the taint
+
+
+def fill(shape: Sequence[int], dtype: Any, *, taint: bool, mode: str) -> Any:
+    """A fresh buffer: the tagged NaN (``taint``), else the interpreter's fill."""
+    dtype = np.dtype(dtype)
+    layout = shadow._taint_layout(dtype) if taint else None
+    if layout is not None:
+        view, exponent, _, tag = layout
+        bits = jnp.full(tuple(shape), view(exponent | tag), view)
+        return lax.bitcast_convert_type(bits, dtype)
+    if mode == "zero":
+        return jnp.zeros(tuple(shape), dtype)
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jnp.full(tuple(shape), jnp.nan, dtype)
+    if jnp.issubdtype(dtype, jnp.integer):
+        return jnp.full(tuple(shape), jnp.iinfo(dtype).max, dtype)
+    return jnp.full(tuple(shape), True, dtype)
+
+
+def _tainted(values: Any) -> Any:
+    view, exponent, tag_mask, tag = shadow._taint_layout(np.dtype(values.dtype))  # type: ignore[misc]
+    bits = lax.bitcast_convert_type(values, view)
+    return ((bits & view(exponent)) == view(exponent)) & ((bits & view(tag_mask)) == view(tag))
+
+
+#: Attribute of a compiled path's result error: (re-run the kernel interpreted, its operands).
+RERUN = "_coremesh_rerun"
+
+
+def _report_result(
+    name: str | None,
+    output: int,
+    shape: Any,
+    rerun: Callable[..., Any] | None,
+    count: Any,
+    first: Any,
+    *operands: Any,
+) -> None:
+    index = tuple(int(i) for i in np.unravel_index(int(first), tuple(shape)))
+    err = UninitializedReadError(
+        f"a kernel's result holds unwritten memory{_kernel_label(name)}: {int(count)} of "
+        f"{math.prod(shape)} element(s) of output {output} were never written or were computed "
+        f"from unwritten memory, the first at {index}; the compiled fast path does not record "
+        "which read was first (simulate(fast_path=False) names it)",
+        device=None,
+        core=None,
+        kernel=name,
+        location=None,
+        operation="the kernel's result",
+        buffer=f"output {output}",
+        index=f"{index}",
+        rule=shadow._RULE,
+        chip=current_name(),
+        fix="write every element of the output, and memory before reading it" + shadow._OFF,
+    )
+    if rerun is not None:
+        setattr(err, RERUN, (rerun, [np.array(a, copy=True) for a in operands]))
+    shadow.report_result_error(err)
+
+
+# ------------------------------------------------------------------ the grid loop
+
+
+def _block_kinds(bm: Any) -> tuple[bool, ...]:
+    """Which block dimensions are squeezed (``None`` / ``pl.Squeezed()``)."""
+    return tuple(type(bd).__name__ == "Squeezed" or bd is None for bd in bm.block_shape)
+
+
+Squeeze = tuple[bool, ...]
+
+
+def _slice(value: Any, starts: Sequence[Any], shape: tuple[int, ...], squeeze: Squeeze) -> Any:
+    out = lax.dynamic_slice(value, [jnp.asarray(s, jnp.int32) for s in starts], shape)
+    dims = tuple(i for i, s in enumerate(squeeze) if s)
+    return lax.squeeze(out, dims) if dims else out
+
+
+def _update(
+    value: Any, block: Any, starts: Sequence[Any], shape: tuple[int, ...], squeeze: Squeeze
+) -> Any:
+    kept = tuple(i for i, s in enumerate(squeeze) if not s)
+    block = lax.broadcast_in_dim(block, shape, kept)
+    return lax.dynamic_update_slice(value, block, [jnp.asarray(s, jnp.int32) for s in starts])
+
+
+def _pad(value: Any, shape: tuple[int, ...], filler: Callable[..., Any]) -> Any:
+    padded = tuple(-(-v // b) * b for v, b in zip(value.shape, shape, strict=True))
+    if padded == tuple(value.shape):
+        return value
+    base = filler(padded, value.dtype)
+    return lax.dynamic_update_slice(base, value, (0,) * value.ndim)
+
+
+def _first_outside(
+    blocks: list[Any], shapes: list[Any], flat: tuple[Any, ...]
+) -> tuple[int, tuple[int, ...], Any] | None:
+    """(which block, its start, its operand's shape) of the first block outside its operand."""
+    at = 0
+    for k, (block, shape) in enumerate(zip(blocks, shapes, strict=True)):
+        index = tuple(int(s) for s in flat[at : at + len(block)])
+        at += len(block)
+        if any(s < 0 or s + b > d for s, b, d in zip(index, block, shape, strict=True)):
+            return k, index, shape
+    return None
+
+
+def _raise_block(name: str | None, blocks: list[Any], shapes: list[Any], *flat: Any) -> None:
+    """Raise for the first block of a step that lies outside its (padded) operand."""
+    found = _first_outside(blocks, shapes, flat)
+    if found is None:
+        return
+    operand, index, shape = found
+    fault = SimulationFault(
+        f"a block index out of bounds{_kernel_label(name)}: block {operand} (inputs, then "
+        f"outputs) starts at element {index}, outside its (padded) shape {tuple(shape)}",
+        device=None,
+        core=None,
+        kernel=name,
+        location=None,
+        operation="a pipeline block copy out of bounds",
+        index=f"{index}",
+        rule="an index map returns block indices inside the array (the last block may be partial)",
+        chip=current_name(),
+        fix="clamp the index map's result to the number of blocks (pl.cdiv(size, block) - 1)",
+    )
+    WATCHDOG.record(fault)
+    raise fault
+
+
+def run(
+    *args: Any,
+    jaxpr: Any,
+    grid_mapping: Any,
+    compiler_params: Any,
+    name: str | None,
+    rerun: Callable[..., Any] | None,
+    taint: bool,
+    mode: str,
+    cores: int,
+    seed: int | None,
+) -> list[Any]:
+    """The outputs of the kernel ``jaxpr`` over its grid (traced inside the call's lowering)."""
+    from jax._src import core as jax_core
+    from jax._src.pallas import core as pallas_core
+    from jax._src.pallas import hlo_interpreter
+    from jax._src.pallas.mosaic import core as mosaic_core
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    _tls.kernel, _tls.checking = name, True
+    try:
+        body, body_consts, scratch_avals = hlo_interpreter.kernel_to_hlo_jaxpr(
+            jaxpr, (), grid_mapping
+        )
+    finally:
+        _tls.checking = False
+    filler = functools.partial(fill, taint=taint, mode=mode)
+    grid = tuple(int(g) for g in grid_mapping.grid)
+    scalars = args[grid_mapping.slice_index_ops]
+    operands = args[len(scalars) :]
+    mappings = grid_mapping.block_mappings
+    outputs = mappings[len(operands) :]
+    shapes = [tuple(pallas_core._get_block_shape(bm.block_shape)) for bm in mappings]
+    squeezes = [_block_kinds(bm) for bm in mappings]
+    ins = [_pad(x, s, filler) for x, s in zip(operands, shapes, strict=False)]
+    outs = [
+        filler(
+            tuple(-(-d // b) * b for d, b in zip(bm.array_aval.shape, s, strict=True)),
+            bm.array_aval.dtype,
+        )
+        for bm, s in zip(outputs, shapes[len(operands) :], strict=True)
+    ]
+    scratch = [filler(a.shape, a.dtype) for a in scratch_avals]
+    n = math.prod(grid)
+    semantics = getattr(compiler_params, "dimension_semantics", None) or ()
+    parallel = 1
+    for size, sem in zip(grid, semantics, strict=False):
+        if str(sem).lower().rsplit(".", 1)[-1] != "parallel":  # as the interpreter splits
+            break
+        parallel *= size
+    per_core = -(-parallel // cores) * (n // parallel) if n else 1
+    # The interpreter's order of the parallel grid points (seeded, the same permutation).
+    coords = ipc._get_randomized_grid_coordinates(
+        grid, compiler_params or mosaic_core.CompilerParams(), seed
+    )
+    padded = [x.shape for x in ins] + [o.shape for o in outs]
+
+    def step(carry: tuple[Any, ...]) -> tuple[Any, ...]:
+        i, loop_idx, prev, out_vals, scratch_vals = carry
+        first = (i % per_core) == 0 if per_core < n else i == 0
+        point = tuple(li if c.size == 0 else c[li] for li, c in zip(loop_idx, coords, strict=True))
+        env = tuple(pallas_core.GridAxis(idx, b) for idx, b in zip(point, grid, strict=True))
+        with pallas_core.grid_env(env):
+            starts = [tuple(bm.compute_start_indices_interpret(point, *scalars)) for bm in mappings]
+        bad = [
+            (s < 0) | (s + b > f)
+            for start, shape, full in zip(starts, shapes, padded, strict=True)
+            for s, b, f in zip(start, shape, full, strict=True)
+        ]
+        if bad:  # one check per step for every block
+            flat = [s for start in starts for s in start]
+            report = functools.partial(_raise_block, name, shapes, padded)
+            when(functools.reduce(jnp.logical_or, bad), report, *flat)
+        if per_core < n:
+            scratch_vals = [jnp.where(first, filler(v.shape, v.dtype), v) for v in scratch_vals]
+        in_blocks = [
+            _slice(x, s, b, q) for x, s, b, q in zip(ins, starts, shapes, squeezes, strict=False)
+        ]
+        out_blocks = []
+        o0 = len(ins)
+        for k, value in enumerate(out_vals):
+            start = starts[o0 + k]
+            changed = functools.reduce(
+                jnp.logical_or,
+                [jnp.asarray(a, jnp.int32) != b for a, b in zip(start, prev[k], strict=True)],
+                first,
+            )
+            block = _slice(value, start, shapes[o0 + k], squeezes[o0 + k])
+            out_blocks.append(jnp.where(changed, filler(block.shape, block.dtype), block))
+        with pallas_core.grid_env(env):
+            results = jax_core.eval_jaxpr(
+                body, body_consts, *scalars, *in_blocks, *out_blocks, *scratch_vals
+            )
+        results = results[len(scalars) :]
+        new_outs = [
+            _update(value, block, starts[o0 + k], shapes[o0 + k], squeezes[o0 + k])
+            for k, (value, block) in enumerate(
+                zip(out_vals, results[o0 : o0 + len(outs)], strict=True)
+            )
+        ]
+        new_scratch = list(results[o0 + len(outs) :])
+        nxt = []
+        carry_on = jnp.bool_(True)
+        for size, index in reversed(list(zip(grid, loop_idx, strict=True))):
+            bumped = jnp.where(carry_on, index + 1, index)
+            carry_on = bumped == size
+            nxt.append(jnp.where(carry_on, 0, bumped))
+        prev_new = tuple(
+            tuple(jnp.asarray(s, jnp.int32) for s in starts[o0 + k]) for k in range(len(outs))
+        )
+        return i + 1, tuple(reversed(nxt)), prev_new, new_outs, new_scratch
+
+    prev0 = tuple(tuple(jnp.int32(-1) for _ in shapes[o0]) for o0 in range(len(ins), len(mappings)))
+    carry0 = (jnp.int32(0), (jnp.int32(0),) * len(grid), prev0, outs, scratch)
+    _, _, _, outs, _ = lax.while_loop(lambda c: c[0] < n, step, carry0)
+    results = []
+    for k, (padded_out, bm) in enumerate(zip(outs, outputs, strict=True)):
+        value = lax.slice(padded_out, (0,) * padded_out.ndim, bm.array_aval.shape)
+        if taint and shadow._taint_layout(np.dtype(value.dtype)) is not None:
+            mask = _tainted(value).reshape(-1)
+            count = jnp.sum(mask, dtype=jnp.int32)
+            first_hit = jnp.argmax(mask)
+            report = functools.partial(_report_result, name, k, bm.array_aval.shape, rerun)
+            when(count > 0, report, count, first_hit, *args)
+        results.append(value)
+    return results
+
+
+def explained(err: Exception) -> Exception | None:
+    """The interpreter's verdict on a compiled kernel's result that holds the fill, by running
+    the kernel again interpreted on the same operands (after the call, when nothing else runs):
+    its error when some value was computed from unwritten memory, None when the re-run finds
+    none (elements the kernel never wrote are not an error), ``err`` itself when it cannot
+    re-run."""
+    rerun = getattr(err, RERUN, None)
+    if rerun is None:
+        return err
+    fn, operands = rerun
+    try:
+        fn(*operands)
+    except UninitializedReadError as exact:
+        return exact
+    except Exception:  # the re-run must never hide the compiled path's own finding
+        return err
+    return None

@@ -1,0 +1,297 @@
+"""The compiled fast path (simulate(fast_path=...)): the same results and the same checks as the
+interpreter, and the right path, with its reason, for each kernel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from coremesh.core.errors import CapacityError, CoremeshError
+from coremesh.testing.guide import PROGRAMS
+from coremesh.testing.shipped import KERNELS
+from coremesh.testing.sim import (
+    Schedule,
+    SimulationFault,
+    Simulator,
+    UninitializedReadError,
+    simulate,
+)
+
+pytestmark = pytest.mark.sim
+
+X = jax.ShapeDtypeStruct((16, 128), jnp.float32)
+XS = np.random.default_rng(0).standard_normal((16, 128)).astype(np.float32)
+
+
+def only_path(sim: Simulator) -> str:
+    paths = set(sim.paths.values())
+    assert len(paths) == 1, sim.paths
+    return paths.pop()
+
+
+def doubled(x_ref: Any, o_ref: Any) -> None:
+    o_ref[...] = x_ref[...] * 2.0
+
+
+def double() -> Any:
+    return pl.pallas_call(
+        doubled,
+        out_shape=X,
+        grid=(2,),
+        in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+    )
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_each_guide_program_gives_the_same_result_both_ways(name: str) -> None:
+    program = PROGRAMS[name]
+    results = []
+    for fast in (True, False):
+        with simulate("v5p", 1, fast_path=fast) as sim:
+            mesh = sim.mesh()
+            inputs = program.make_inputs(mesh, seed=3)
+            results.append(np.asarray(sim.run(program.build(mesh), *inputs)))
+            want = program.expected(*(np.asarray(a) for a in inputs), num_cores=2)
+            assert sim.paths, "no kernel ran"
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_array_equal(results[0], want)
+
+
+@pytest.mark.parametrize("name", ["matmul", "flash_attention"])
+def test_shipped_kernels_run_compiled_and_match_the_interpreter(name: str) -> None:
+    kernel = KERNELS[name]
+    inputs = kernel.inputs(1)
+    want = np.asarray(kernel.reference(*inputs))
+    results = {}
+    for fast in (True, False):
+        with simulate("v5p", 1, fast_path=fast) as sim:
+            results[fast] = np.asarray(sim.run(kernel.kernel(sim.device_mesh()), *inputs))
+            assert only_path(sim) == (
+                "compiled" if fast else "interpreted: simulate(fast_path=False)"
+            )
+    for got in results.values():
+        np.testing.assert_allclose(got, want, atol=kernel.atol, rtol=kernel.rtol)
+    np.testing.assert_allclose(results[True], results[False], atol=1e-5, rtol=1e-5)
+
+
+def test_guide_kernels_over_a_core_mesh_are_interpreted_and_say_why() -> None:
+    program = PROGRAMS["add_one"]
+    with simulate("v5p", 1, fast_path=True) as sim:
+        mesh = sim.mesh()
+        sim.run(program.build(mesh), *program.make_inputs(mesh))
+    assert only_path(sim).startswith("interpreted: a kernel over a core mesh")
+
+
+def copy_by_dma(x_ref: Any, o_ref: Any) -> None:
+    def body(sem: Any) -> None:
+        copy = pltpu.make_async_copy(x_ref, o_ref, sem)
+        copy.start()
+        copy.wait()
+
+    pl.run_scoped(body, pltpu.SemaphoreType.DMA(()))
+
+
+def test_a_dma_kernel_is_interpreted() -> None:
+    with simulate("v5p", 1, fast_path=True) as sim:
+        out = sim.run(pl.pallas_call(copy_by_dma, out_shape=X), XS)
+    np.testing.assert_array_equal(np.asarray(out), XS)
+    assert "run_scoped" in only_path(sim) or "dma" in only_path(sim)
+
+
+@pytest.mark.parametrize(
+    ("options", "reason"),
+    [
+        ({"races": True}, "races=True"),
+        ({"schedule": Schedule("random", seed=0)}, "schedule="),
+    ],
+)
+def test_simulator_wide_checks_send_every_kernel_to_the_interpreter(
+    options: dict[str, Any], reason: str
+) -> None:
+    with simulate("v5p", 1, fast_path=True, **options) as sim:
+        out = sim.run(double(), XS)
+    np.testing.assert_array_equal(np.asarray(out), XS * 2)
+    assert only_path(sim).startswith(f"interpreted: {reason}")
+
+
+def test_a_calls_own_interpret_params_send_it_to_the_interpreter() -> None:
+    with simulate("v5p", 1, fast_path=True) as sim:
+        params = pltpu.InterpretParams(detect_races=True)
+        sim.run(pl.pallas_call(doubled, out_shape=X, interpret=params), XS)
+    assert only_path(sim) == "interpreted: the call's own InterpretParams set detect_races"
+
+
+def test_fast_path_is_validated() -> None:
+    with pytest.raises(CoremeshError, match="fast_path"):
+        simulate(fast_path="yes")  # type: ignore[arg-type]
+
+
+def test_vmem_over_capacity_is_refused_on_the_fast_path() -> None:
+    f = pl.pallas_call(
+        lambda x_ref, o_ref, s_ref: doubled(x_ref, o_ref),
+        out_shape=X,
+        scratch_shapes=[pltpu.VMEM((65536, 1024), jnp.float32)],  # 256 MiB
+    )
+    with simulate("v5p", 1, fast_path=True), pytest.raises(CapacityError, match="VMEM"):
+        jax.block_until_ready(f(XS))
+
+
+def rows_at(start: int) -> Any:
+    def body(s_ref: Any, x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref[pl.ds(s_ref[0], 8), :]
+
+    return pl.pallas_call(
+        body,
+        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec((16, 128), lambda: (0, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda: (0, 0)),
+    )
+
+
+def test_a_dynamic_load_in_bounds_runs_and_one_out_of_bounds_faults() -> None:
+    with simulate("v5p", 1, fast_path=True) as sim:
+        out = sim.run(rows_at(0), np.array([8], np.int32), XS)
+        np.testing.assert_array_equal(np.asarray(out), XS[8:])
+        assert only_path(sim) == "compiled"
+        with pytest.raises(SimulationFault, match="out of bounds") as info:
+            sim.run(rows_at(0), np.array([12], np.int32), XS)
+    assert "12..19" in str(info.value)
+
+
+def test_a_block_index_out_of_bounds_faults_on_the_fast_path() -> None:
+    f = pl.pallas_call(
+        doubled,
+        out_shape=X,
+        grid=(2,),
+        in_specs=[pl.BlockSpec((8, 128), lambda i: (i + 1, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+    )
+    with (
+        simulate("v5p", 1, fast_path=True) as sim,
+        pytest.raises(SimulationFault, match="block index"),
+    ):
+        sim.run(f, XS)
+
+
+def top_half(x_ref: Any, o_ref: Any) -> None:
+    o_ref[0:8, :] = x_ref[0:8, :]
+
+
+def test_an_output_half_written_holds_the_fill_on_both_paths() -> None:
+    # Elements a kernel never writes are not an error (only values computed from unwritten
+    # memory are); both paths leave the fill there.
+    f = pl.pallas_call(top_half, out_shape=X)
+    outs = []
+    for fast in (True, False):
+        with simulate("v5p", 1, fast_path=fast):
+            outs.append(np.asarray(jax.block_until_ready(f(XS))))
+    for out in outs:
+        np.testing.assert_array_equal(out[:8], np.asarray(XS)[:8])
+        assert np.isnan(out[8:]).all()
+
+
+def test_a_value_computed_from_unwritten_scratch_raises_on_the_fast_path() -> None:
+    def body(x_ref: Any, o_ref: Any, s_ref: Any) -> None:
+        o_ref[...] = x_ref[...] * 3.0 + s_ref[...]
+
+    f = pl.pallas_call(body, out_shape=X, scratch_shapes=[pltpu.VMEM((16, 128), jnp.float32)])
+    with simulate("v5p", 1, fast_path=True) as sim, pytest.raises(UninitializedReadError) as info:
+        sim.run(f, XS)
+    assert only_path(sim) == "compiled"
+    # Found compiled, explained by the interpreter re-running the kernel: the first read named.
+    assert "the run first read unwritten memory here: a load of unwritten memory" in str(info.value)
+    assert info.value.location is not None and "test_fast_path.py" in info.value.location
+    assert info.value.buffer is not None and info.value.buffer.startswith("VMEM float32[16,128]")
+
+
+def test_integer_scratch_is_interpreted_while_the_check_is_on() -> None:
+    def body(x_ref: Any, o_ref: Any, s_ref: Any) -> None:
+        s_ref[0] = 2
+        o_ref[...] = x_ref[...] * s_ref[0].astype(jnp.float32)
+
+    f = pl.pallas_call(body, out_shape=X, scratch_shapes=[pltpu.SMEM((4,), jnp.int32)])
+    for check, path in ((True, "interpreted: a int32 output or scratch"), (False, "compiled")):
+        with simulate("v5p", 1, fast_path=True, check_uninitialized=check) as sim:
+            np.testing.assert_array_equal(np.asarray(sim.run(f, XS)), XS * 2)
+        assert only_path(sim).startswith(path)
+
+
+def sums(body: Any) -> Any:
+    """Per row block, the sum of 4 column blocks into VMEM scratch: grid (parallel, arbitrary)."""
+    return pl.pallas_call(
+        body,
+        out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32),
+        grid=(2, 4),
+        in_specs=[pl.BlockSpec((8, 128), lambda i, k: (i, k))],
+        out_specs=pl.BlockSpec((8, 128), lambda i, k: (i, 0)),
+        scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+    )
+
+
+def sum_per_block(x_ref: Any, o_ref: Any, acc: Any) -> None:
+    @pl.when(pl.program_id(1) == 0)
+    def _() -> None:
+        acc[...] = jnp.zeros_like(acc)
+
+    acc[...] += x_ref[...]
+    o_ref[...] = acc[...]
+
+
+def sum_init_once(x_ref: Any, o_ref: Any, acc: Any) -> None:
+    # Correct on one core; on two, core 1 starts at row block 1 with scratch never written.
+    @pl.when((pl.program_id(0) == 0) & (pl.program_id(1) == 0))
+    def _() -> None:
+        acc[...] = jnp.zeros_like(acc)
+
+    acc[...] += x_ref[...]
+    o_ref[...] = acc[...]
+
+
+def test_parallel_grid_on_two_cores_matches_numpy_and_the_interpreter() -> None:
+    x = np.random.default_rng(1).standard_normal((16, 512)).astype(np.float32)
+    want = x.reshape(16, 4, 128).sum(axis=1)
+    for fast in (True, False):
+        with simulate("v5p", 1, fast_path=fast) as sim:
+            assert sim.cores_per_device == 2
+            np.testing.assert_allclose(np.asarray(sim.run(sums(sum_per_block), x)), want, rtol=1e-5)
+
+
+def test_scratch_is_fresh_on_each_core_as_in_the_interpreter() -> None:
+    x = np.ones((16, 512), np.float32)
+    for fast in (True, False):
+        with simulate("v5p", 1, fast_path=fast), pytest.raises(UninitializedReadError):
+            jax.block_until_ready(sums(sum_init_once)(x))
+    with simulate("v5p", 1, fast_path=True, cores_per_device=1) as sim:
+        out = np.asarray(sim.run(sums(sum_init_once), x))
+    assert only_path(sim) == "compiled"
+    np.testing.assert_array_equal(out[8:], 4.0 + np.ones((8, 128)) * 4.0)
+
+
+def test_scalar_prefetch_steers_the_blocks_on_both_paths() -> None:
+    def body(order_ref: Any, x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref[...] + order_ref[pl.program_id(0)].astype(jnp.float32)
+
+    f = pl.pallas_call(
+        body,
+        out_shape=X,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1,
+            grid=(2,),
+            in_specs=[pl.BlockSpec((8, 128), lambda i, order: (order[i], 0))],
+            out_specs=pl.BlockSpec((8, 128), lambda i, order: (i, 0)),
+        ),
+    )
+    order = np.array([1, 0], np.int32)
+    want = np.concatenate([XS[8:] + 1, XS[:8]])
+    for fast in (True, False):
+        with simulate("v5p", 1, fast_path=fast) as sim:
+            np.testing.assert_array_equal(np.asarray(sim.run(f, order, XS)), want)
+        assert only_path(sim) == ("compiled" if fast else "interpreted: simulate(fast_path=False)")
