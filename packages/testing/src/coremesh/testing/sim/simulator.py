@@ -53,6 +53,12 @@ def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
+def _check_flag(name: str, value: object, rule: str) -> None:
+    """Refuse a non-bool for an on/off option (``"yes"`` or ``1`` would read as on)."""
+    if not isinstance(value, bool):
+        raise CoremeshError(f"{name}={value!r}", rule=rule, fix=f"pass {name}=True or False")
+
+
 def _is_seconds(value: object, most: float) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= most
 
@@ -143,19 +149,17 @@ class Simulator:
                 rule="the seed of the parallel grid order is a non-negative integer",
                 fix="pass grid_seed=0, 1, ... (or None for the interpreter's default)",
             )
-        if not isinstance(check_uninitialized, bool):
-            raise CoremeshError(
-                f"check_uninitialized={check_uninitialized!r}",
-                rule="reads of unwritten memory are checked (True) or not (False)",
-                fix="pass check_uninitialized=True or False",
-            )
-        if not isinstance(fast_path, bool):
-            raise CoremeshError(
-                f"fast_path={fast_path!r}",
-                rule="core-local kernels run as compiled XLA (True) or all kernels run in the "
-                "interpreter (False)",
-                fix="pass fast_path=True or False",
-            )
+        _check_flag(
+            "check_uninitialized",
+            check_uninitialized,
+            "reads of unwritten memory are checked (True) or not (False)",
+        )
+        _check_flag(
+            "fast_path",
+            fast_path,
+            "core-local kernels run as compiled XLA (True) or all kernels run in the "
+            "interpreter (False)",
+        )
         unknown = set(disable_patches) - set(patches.PATCH_NAMES)
         if unknown:
             raise CoremeshError(
