@@ -187,10 +187,9 @@ class _Rules(dict):  # type: ignore[type-arg]
 def fill(shape: Sequence[int], dtype: Any, *, taint: bool, mode: str) -> Any:
     """A fresh buffer: the tagged NaN (``taint``), else the interpreter's fill."""
     dtype = np.dtype(dtype)
-    layout = shadow._taint_layout(dtype) if taint else None
+    layout = shadow.taint_layout(dtype) if taint else None
     if layout is not None:
-        view, exponent, _, tag = layout
-        bits = jnp.full(tuple(shape), view(exponent | tag), view)
+        bits = jnp.full(tuple(shape), shadow.tainted_nan(layout), layout[0])
         return lax.bitcast_convert_type(bits, dtype)
     if mode == "zero":
         return jnp.zeros(tuple(shape), dtype)
@@ -202,9 +201,9 @@ def fill(shape: Sequence[int], dtype: Any, *, taint: bool, mode: str) -> Any:
 
 
 def _tainted(values: Any) -> Any:
-    view, exponent, tag_mask, tag = shadow._taint_layout(np.dtype(values.dtype))  # type: ignore[misc]
-    bits = lax.bitcast_convert_type(values, view)
-    return ((bits & view(exponent)) == view(exponent)) & ((bits & view(tag_mask)) == view(tag))
+    layout = shadow.taint_layout(np.dtype(values.dtype))
+    assert layout is not None  # the caller checked
+    return shadow.tagged(lax.bitcast_convert_type(values, layout[0]), layout)
 
 
 #: Attribute of a compiled path's result error: (re-run the kernel interpreted, its operands).
@@ -233,9 +232,9 @@ def _report_result(
         operation="the kernel's result",
         buffer=f"output {output}",
         index=f"{index}",
-        rule=shadow._RULE,
+        rule=shadow.RULE,
         chip=current_name(),
-        fix="write every element of the output, and memory before reading it" + shadow._OFF,
+        fix="write every element of the output, and memory before reading it" + shadow.TURN_OFF,
     )
     if rerun is not None:
         setattr(err, RERUN, (rerun, [np.array(a, copy=True) for a in operands]))
@@ -429,7 +428,7 @@ def run(
     results = []
     for k, (padded_out, bm) in enumerate(zip(outs, outputs, strict=True)):
         value = lax.slice(padded_out, (0,) * padded_out.ndim, bm.array_aval.shape)
-        if taint and shadow._taint_layout(np.dtype(value.dtype)) is not None:
+        if taint and shadow.taint_layout(np.dtype(value.dtype)) is not None:
             mask = _tainted(value).reshape(-1)
             count = jnp.sum(mask, dtype=jnp.int32)
             first_hit = jnp.argmax(mask)

@@ -85,7 +85,7 @@ def _dtype(aval: Any) -> Any:
 
 def _carries_taint(dtype: Any) -> bool:
     try:
-        return shadow._taint_layout(np.dtype(dtype)) is not None
+        return shadow.taint_layout(np.dtype(dtype)) is not None
     except TypeError:
         return False
 

@@ -302,12 +302,17 @@ def _buffer_shape(
 
 
 def _buffer(sm: Any, space: Any, buffer_id: Any, device: int | None, core: int | None) -> str:
-    space_name, bid, buf = _lookup(sm, space, buffer_id, device, core)
-    shape = _buffer_shape(sm, space, buffer_id, device, core)
-    if buf is None or shape is None:
-        return f"{space_name.upper()} buffer #{bid}"
-    dtype = getattr(getattr(buf, "content", buf), "dtype", "?")
-    return f"{space_name.upper()} {dtype}[{','.join(map(str, shape))}] (buffer #{bid})"
+    return buffer_text(*_lookup(sm, space, buffer_id, device, core))
+
+
+def buffer_text(space_name: str, buffer_id: Any, buf: Any) -> str:
+    """How errors name one of the interpreter's buffers: space, dtype, logical shape, id."""
+    if buf is None:
+        return f"{space_name.upper()} buffer #{buffer_id}"
+    content = getattr(buf, "content", buf)
+    shape = tuple(getattr(buf, "logical_shape", None) or content.shape)
+    dtype = getattr(content, "dtype", "?")
+    return f"{space_name.upper()} {dtype}[{','.join(map(str, shape))}] (buffer #{buffer_id})"
 
 
 def _outside(transforms: Any, shape: tuple[int, ...] | None) -> bool:
@@ -335,17 +340,20 @@ def _range(transforms: Any) -> str | None:
     from coremesh.testing.sim.patches import int_tree
 
     try:
-        parts = []
-        for r in iu.to_range(int_tree(transforms)):
-            if isinstance(r, slice):
-                parts.append(
-                    f"{r.start}:{r.stop}" + (f":{r.step}" if r.step not in (1, None) else "")
-                )
-            else:
-                parts.append(str(r))
-        return f"[{', '.join(parts)}]" if parts else "the whole ref"
+        return range_text(iu.to_range(int_tree(transforms)))
     except Exception:
         return None
+
+
+def range_text(ranges: Any, whole: str = "the whole ref") -> str:
+    """How errors show an access range (the interpreter's ints and slices)."""
+    parts = []
+    for r in tuple(ranges):
+        if isinstance(r, slice):
+            parts.append(f"{r.start}:{r.stop}" + (f":{r.step}" if r.step not in (1, None) else ""))
+        else:
+            parts.append(str(r))
+    return f"[{', '.join(parts)}]" if parts else whole
 
 
 def targets() -> list[tuple[Any, str, Any]]:

@@ -578,7 +578,8 @@ def _made_outside_targets() -> list[tuple[Any, str, Any]]:
             own = params.get("interpret")
             forced = config.pallas_tpu_interpret_mode_context_manager.value
             if not own:
-                params["interpret"] = forced or own
+                if forced:
+                    params["interpret"] = forced
             elif isinstance(own, InterpretParams):
                 # its own parameters, made outside: merged as the entry points merge them
                 params["interpret"] = call_params.effective(slice_.interpret_params, forced, own)

@@ -42,15 +42,16 @@ from typing import Any
 
 import numpy as np
 
+from coremesh.testing.sim import faults
 from coremesh.testing.sim.chip import current_name
+from coremesh.testing.sim.deadlock import semaphore_description
 from coremesh.testing.sim.errors import UninitializedReadError
 
 _ATTR = "_coremesh_written"
 #: On the SharedMemory too: per semaphore id, ("wait" | "signal") -> the last completed wait on
 #: it and the DMA that last signalled it, as text, for the DMA case's message.
 _NOTES = "_coremesh_semaphore_notes"
-#: On the SharedMemory: where the run first read unwritten memory (text), and whether fresh
-#: float buffers hold the tainted NaN.
+#: On the SharedMemory: where the run first read unwritten memory (``_read_parts``' dict).
 _ORIGIN = "_coremesh_first_unwritten_read"
 _tls = threading.local()
 #: States of an element in a shadow map: never written, written, written with a value computed
@@ -154,7 +155,7 @@ _TAG = 0x65
 
 
 @functools.cache
-def _taint_layout(dtype: np.dtype[Any]) -> tuple[type[Any], int, int, int] | None:
+def taint_layout(dtype: np.dtype[Any]) -> tuple[type[Any], int, int, int] | None:
     """(unsigned view type, exponent mask, tag mask, tag) of a float dtype; None for the dtypes
     whose NaNs cannot carry it (integers, bools, 8-bit floats)."""
     if dtype.kind != "f" and "float" not in dtype.name:
@@ -176,26 +177,34 @@ def _taint_layout(dtype: np.dtype[Any]) -> tuple[type[Any], int, int, int] | Non
     return view, exponent, 0x7F << shift, _TAG << shift
 
 
+def tagged(bits: Any, layout: tuple[type[Any], int, int, int]) -> Any:
+    """Which of ``bits`` (a float array viewed as ``layout``'s unsigned type, numpy or traced)
+    carry the taint."""
+    view, exponent, tag_mask, tag = layout
+    return ((bits & view(exponent)) == view(exponent)) & ((bits & view(tag_mask)) == view(tag))
+
+
+def tainted_nan(layout: tuple[type[Any], int, int, int]) -> Any:
+    """The bits of the tagged NaN that fresh float memory holds."""
+    view, exponent, _, tag = layout
+    return view(exponent | tag)
+
+
 def _tainted(values: np.ndarray) -> np.ndarray | None:
     """Which elements of ``values`` carry the taint (None: the dtype cannot carry it)."""
-    layout = _taint_layout(values.dtype)
+    layout = taint_layout(values.dtype)
     if layout is None:
         return None
-    view, exponent, tag_mask, tag = layout
-    bits = np.ascontiguousarray(values).view(view)
-    hit: np.ndarray = ((bits & view(exponent)) == view(exponent)) & (
-        (bits & view(tag_mask)) == view(tag)
-    )
+    hit: np.ndarray = tagged(np.ascontiguousarray(values).view(layout[0]), layout)
     return hit
 
 
 def _poison(content: np.ndarray) -> bool:
     """Fill a fresh float buffer with the tainted NaN; False if its dtype cannot carry it."""
-    layout = _taint_layout(content.dtype)
+    layout = taint_layout(content.dtype)
     if layout is None:
         return False
-    view, exponent, _, tag = layout
-    content.view(view)[...] = view(exponent | tag)
+    content.view(layout[0])[...] = tainted_nan(layout)
     return True
 
 
@@ -257,9 +266,7 @@ def targets() -> list[tuple[Any, str, Any]]:
                     # Raised when the call has ended well otherwise: a refusal at the kernel's
                     # end (a DMA never waited for), a fault or a deadlock elsewhere is the
                     # better message, and raising here would stop a device its peers wait on.
-                    with _pending_lock:
-                        if not _pending:
-                            _pending.append(_result_error(self, key, rnge, view))
+                    report_result_error(_result_error(self, key, rnge, view))
             else:
                 # The pipeline copies an output block to HBM: the window takes the block's
                 # map, and the block buffer holds a stale block from now on.
@@ -268,7 +275,7 @@ def targets() -> list[tuple[Any, str, Any]]:
                 if self.uninitialized_memory == "nan":
                     _poison(self.mem[key].content)
         elif (view != WRITTEN).any() and (dma is not None or not _from_rule(source_info)):
-            carries = self.uninitialized_memory == "nan" and _taint_layout(out[0].dtype)
+            carries = self.uninitialized_memory == "nan" and taint_layout(out[0].dtype)
             if not carries:
                 raise _error(self, key, rnge, view, info, dma)
             if _origin(self) is None:
@@ -313,8 +320,8 @@ def targets() -> list[tuple[Any, str, Any]]:
 
     def interpret_pallas_call(*args: Any, **kw: Any) -> Any:
         # A kernel with interpret parameters of its own (call_params.merge) is left untracked.
-        off = getattr(kw.get("interpret_params"), "patches_off", ())
-        outer, _tls.tracking = getattr(_tls, "tracking", True), "uninitialized_reads" not in off
+        own = getattr(kw.get("interpret_params"), "own_fields", ())
+        outer, _tls.tracking = getattr(_tls, "tracking", True), not own
         try:
             return orig_call(*args, **kw)
         finally:
@@ -341,7 +348,8 @@ _pending: list[Exception] = []
 
 
 def report_result_error(err: Exception) -> None:
-    """Note ``err`` as the call's result error unless one is noted (the compiled fast path)."""
+    """Note ``err`` as the call's result error unless one is noted (the interpreter's final read
+    of an output, or the compiled fast path)."""
     with _pending_lock:
         if not _pending:
             _pending.append(err)
@@ -384,65 +392,31 @@ def _dma_targets(ipc: Any, memory: Any) -> list[tuple[Any, str, Any]]:
     def wait(self: Any, value: Any, global_core_id: Any, *a: Any, **kw: Any) -> Any:
         out = orig_wait(self, value, global_core_id, *a, **kw)
         device, core = divmod(int(global_core_id), self.shared_memory.num_cores_per_device)
-        where = getattr(_tls, "wait_at", None)
+        # dma_wait and semaphore_wait pass the waiting line (interpret_pallas_call.py:1142, 1214)
+        where = faults.user_location(getattr(kw.get("logging_info"), "source_info", None))
         _note(self, "wait", f"device {device}, core {core}" + (f" at {where}" if where else ""))
         return out
 
-    out: list[tuple[Any, str, Any]] = [
+    return [
         (ipc.DMA, "execute_read", execute_read),
         (ipc.DMA, "execute_write", execute_write),
         (memory.Semaphore, "wait", wait),
     ]
-    for name in ("dma_wait", "semaphore_wait"):
-        fn = getattr(ipc, name, None)
-        if fn is not None:
-            out.append((ipc, name, _noting_wait(fn)))
-    return out
-
-
-def _noting_wait(fn: Any) -> Any:
-    """A wait callback that leaves its source line where the semaphore's wait can read it."""
-
-    def waiting(*args: Any, **kw: Any) -> Any:
-        from coremesh.testing.sim.faults import user_location
-
-        _tls.wait_at = user_location(kw.get("source_info"))
-        try:
-            return fn(*args, **kw)
-        finally:
-            _tls.wait_at = None
-
-    waiting.__name__ = waiting.__qualname__ = getattr(fn, "__name__", "wait")
-    waiting.__wrapped__ = getattr(fn, "__wrapped__", fn)  # type: ignore[attr-defined]
-    return waiting
 
 
 # ---------------------------------------------------------------------- the message
 
 
 def _buffer_text(sm: Any, key: Any) -> str:
-    space, bid = key[0], key[1]
-    buf = sm.mem.get(key)
-    content = getattr(buf, "content", None)
-    shape = tuple(getattr(buf, "logical_shape", None) or getattr(content, "shape", None) or ())
-    dtype = getattr(content, "dtype", "?")
-    return f"{str(space).upper()} {dtype}[{','.join(map(str, shape))}] (buffer #{bid})"
+    return faults.buffer_text(str(key[0]), key[1], sm.mem.get(key))
 
 
 def _range_text(rnge: Any) -> str:
-    parts = []
-    for r in tuple(rnge):
-        if isinstance(r, slice):
-            parts.append(f"{r.start}:{r.stop}" + (f":{r.step}" if r.step not in (1, None) else ""))
-        else:
-            parts.append(str(r))
-    return f"[{', '.join(parts)}]" if parts else "the whole buffer"
+    return faults.range_text(rnge, whole="the whole buffer")
 
 
 def _describe_dma(dma: Any) -> str:
-    from coremesh.testing.sim.faults import user_location
-
-    where = user_location(dma.source_info)
+    where = faults.user_location(dma.source_info)
     return (
         f"the DMA from device {dma.src_device_id} (core {dma.src_local_core_id}) to device "
         f"{dma.dst_device_id} (core {dma.dst_local_core_id})"
@@ -451,8 +425,6 @@ def _describe_dma(dma: Any) -> str:
 
 
 def _semaphore_text(sem: Any) -> str:
-    from coremesh.testing.sim.deadlock import semaphore_description
-
     name = semaphore_description(sem)
     notes = sem.shared_memory.__dict__.get(_NOTES, {})
     wait = notes.get((sem.id, "wait"), "none yet")
@@ -464,8 +436,6 @@ def _read_parts(
     sm: Any, key: Any, rnge: Any, view: np.ndarray, info: Any, dma: Any
 ) -> dict[str, Any]:
     """Where a read of unwritten memory happened, and what it read."""
-    from coremesh.testing.sim.faults import kernel_of, user_location
-
     unwritten = view != WRITTEN
     missing = int(np.count_nonzero(unwritten))
     first = tuple(int(i) for i in np.argwhere(unwritten)[0]) if view.ndim else ()
@@ -483,8 +453,10 @@ def _read_parts(
         source_info = getattr(info, "source_info", None)
         operation = "a load of unwritten memory"
         extra = ""
-    kernel, body = kernel_of(source_info)
-    location = user_location(source_info) or (f"the kernel's body ({body})" if body else None)
+    kernel, body = faults.kernel_of(source_info)
+    location = faults.user_location(source_info) or (
+        f"the kernel's body ({body})" if body else None
+    )
     buffer, index = _buffer_text(sm, key), _range_text(rnge)
     text = (
         f"{operation} on device {device}, core {core}"
@@ -507,11 +479,11 @@ def _read_parts(
     }
 
 
-_RULE = (
+RULE = (
     "a kernel uses only memory that it, a DMA or the pipeline wrote; fresh scratch, outputs and "
     "pipeline blocks hold stale bytes on the chip"
 )
-_OFF = " (simulate(check_uninitialized=False) turns this check off)"
+TURN_OFF = " (simulate(check_uninitialized=False) turns this check off)"
 
 
 def _error(sm: Any, key: Any, rnge: Any, view: np.ndarray, info: Any, dma: Any) -> Exception:
@@ -536,9 +508,9 @@ def _error(sm: Any, key: Any, rnge: Any, view: np.ndarray, info: Any, dma: Any) 
         operation=parts["operation"],
         buffer=parts["buffer"],
         index=parts["index"],
-        rule=_RULE,
+        rule=RULE,
         chip=current_name(),
-        fix=fix + _OFF,
+        fix=fix + TURN_OFF,
     )
 
 
@@ -575,7 +547,7 @@ def _result_error(sm: Any, key: Any, rnge: Any, view: np.ndarray) -> Exception:
         operation="the kernel's result" + (f", from {origin['operation']}" if origin else ""),
         buffer=where.get("buffer", buffer),
         index=where.get("index", f"{first}" if first else None),
-        rule=_RULE,
+        rule=RULE,
         chip=current_name(),
-        fix=fix + _OFF,
+        fix=fix + TURN_OFF,
     )
