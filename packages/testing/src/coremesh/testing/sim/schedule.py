@@ -16,8 +16,11 @@ point (``'eager'``: when it starts; ``'on_wait'``: when a wait needs it, the new
 
 Every choice is a hash of (seed, issuing device, core, its n-th DMA in the kernel), so a seed
 fixes the schedule of each core's own DMAs; which of two devices first reaches a shared DMA can
-still vary with thread timing. Semaphore signals sent with ``pltpu.semaphore_signal`` arrive at
-once; the signals DMAs send are the ones reordered.
+still vary with thread timing. The signals DMAs send are the ones reordered; a signal sent with
+``pl.semaphore_signal`` arrives at once under every policy. Pallas keeps the two apart (signal and
+wait refuse a DMA semaphore at trace time, on every jax line), so a later-arriving signal could only
+make its waiter wait longer: the waiter's own DMAs and operations, and so its result, stay the same,
+except through a race between cores, which ``races=True`` finds.
 
 While a schedule is active, the simulator also notes each *overtaken wait*: a DMA wait that
 returned while a DMA its issuer started earlier on the same semaphore was still in flight, i.e.
