@@ -73,14 +73,21 @@ def kernel_of(source_info: Any) -> tuple[str | None, str | None]:
 
 
 def user_location(source_info: Any) -> str | None:
-    """``file:line (function)`` of the user's frame that made the operation."""
+    """``file:line (function)`` of the innermost frame of kernel code that made the operation:
+    the user's frame as jax judges it (outside jax and Python's own files), or a frame of a
+    kernel shipped with jax (``jax/experimental/pallas/ops``), which is the user's kernel too."""
     from jax._src import source_info_util
 
     tb = getattr(source_info, "traceback", None)
-    frame = source_info_util.user_frame(tb) if tb is not None else None
-    if frame is None:
+    if tb is None:
         return None
-    return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
+    code, lasti = tb.raw_frames()
+    for c, i in zip(code, lasti, strict=True):
+        name = c.co_filename
+        if source_info_util.is_user_filename(name) or "/pallas/ops/" in name.replace("\\", "/"):
+            frame = source_info_util.raw_frame_to_frame(c, i)
+            return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
+    return None
 
 
 # ------------------------------------------------------------------------ the wrappers

@@ -279,6 +279,7 @@ def _note_overtaken(sem: Any, gcid: int, logging_info: Any) -> None:
             _issuer(d) == issuer and getattr(d, "_coremesh_order", -1) > order for d, _ in finished
         ):
             from coremesh.testing.sim.deadlock import semaphore_description
+            from coremesh.testing.sim.faults import user_location
 
             device, core = divmod(gcid, sm.num_cores_per_device)
             OVERTAKEN.add(
@@ -286,30 +287,12 @@ def _note_overtaken(sem: Any, gcid: int, logging_info: Any) -> None:
                     device,
                     core,
                     semaphore_description(sem),
-                    kernel_location(getattr(logging_info, "source_info", None)),
+                    user_location(getattr(logging_info, "source_info", None)),
                     issuer,
-                    kernel_location(getattr(dma, "source_info", None)),
+                    user_location(getattr(dma, "source_info", None)),
                 )
             )
             return
-
-
-def kernel_location(source_info: Any) -> str | None:
-    """``file:line (function)`` of the innermost frame of kernel code: outside jax's internals
-    and Pallas' API, but inside a kernel shipped with jax (``jax/experimental/pallas/ops``)."""
-    from jax._src import source_info_util
-
-    tb = getattr(source_info, "traceback", None)
-    if tb is None:
-        return None
-    code, lasti = tb.raw_frames()
-    for c, i in zip(code, lasti, strict=True):
-        name = c.co_filename.replace("\\", "/")
-        if "/jax/_src/" in name or ("/jax/" in name and "/pallas/ops/" not in name):
-            continue
-        frame = source_info_util.raw_frame_to_frame(c, i)
-        return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
-    return None
 
 
 # ------------------------------------------------------------------------ the patch
