@@ -230,9 +230,12 @@ def _io_callback_targets() -> list[tuple[Any, str, Any]]:
         # reuse the buffers once the callback returns) and call directly.
         del result_avals, sharding, ordered
         WATCHDOG.progress()
-        copies = [np.array(a, copy=True) for a in args]  # args arrive flat
+        copies = [a.copy() if type(a) is np.ndarray else np.array(a, copy=True) for a in args]
         with config.default_device(cpu):
-            return tree_util.tree_map(np.asarray, callback(*copies))
+            out = callback(*copies)  # args arrive flat; results are mostly a flat tuple
+        if type(out) is tuple and all(type(o) is np.ndarray for o in out):
+            return out
+        return tree_util.tree_map(np.asarray, out)
 
     return [(callback, "io_callback_impl", io_callback_impl)]
 
@@ -396,27 +399,51 @@ class _NotPlainError(Exception):
 
 def int_tree(x: Any) -> Any:
     """``jax.tree.map(int, x)`` for the index structures the interpreter's callbacks convert
-    (tuples of ``NDIndexer`` / ``Slice`` / integers), without jax's generic pytree machinery."""
-    from jax._src import indexing as slices
-    from jax._src.state import indexing
-
-    if isinstance(x, tuple):
-        return tuple(int_tree(v) for v in x)
-    if isinstance(x, list):
+    (tuples of ``NDIndexer`` / ``Slice`` / integers), without jax's generic pytree machinery.
+    Every load, store and DMA converts its transforms, so this is dispatched on exact types."""
+    kind = type(x)
+    if kind is tuple:
+        return tuple([int_tree(v) for v in x])
+    convert = (_INT_TREE or _int_types()).get(kind)
+    if convert is not None:
+        return convert(x)
+    if kind is list:
         return [int_tree(v) for v in x]
     if x is None:
         return None
-    if isinstance(x, indexing.NDIndexer):
-        if not all(isinstance(d, int) for d in x.int_indexer_shape):
-            raise _NotPlainError
-        return indexing.NDIndexer(
-            tuple(int_tree(i) for i in x.indices), x.shape, x.int_indexer_shape
-        )
-    if isinstance(x, slices.Slice):
-        return slices.Slice(int(x.start), int(x.size), x.stride)
     if isinstance(x, int | np.integer) or (isinstance(x, np.ndarray) and x.ndim == 0):
         return int(x)
     raise _NotPlainError
+
+
+_INT_TREE: dict[type, Any] = {}
+
+
+def _int_types() -> dict[type, Any]:
+    """Fill int_tree's table: exact type -> converter (jax's index classes, numpy's ints)."""
+    from jax._src import indexing as slices
+    from jax._src.state import indexing
+
+    def indexer(x: Any) -> Any:
+        for d in x.int_indexer_shape:
+            if type(d) is not int:
+                raise _NotPlainError
+        indices = tuple([int_tree(i) for i in x.indices])
+        return indexing.NDIndexer(indices, x.shape, x.int_indexer_shape)
+
+    def one_slice(x: Any) -> Any:
+        return slices.Slice(int(x.start), int(x.size), x.stride)
+
+    def array(x: Any) -> Any:
+        if x.ndim:
+            raise _NotPlainError
+        return int(x)
+
+    _INT_TREE.update({int: int, indexing.NDIndexer: indexer, slices.Slice: one_slice})
+    for name in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"):
+        _INT_TREE[getattr(np, name)] = int
+    _INT_TREE[np.ndarray] = array
+    return _INT_TREE
 
 
 def _ints(tree: Any) -> Any:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import collections
 import functools
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -124,7 +125,9 @@ def _maps(sm: Any) -> dict[Any, np.ndarray]:
     return maps  # type: ignore[no-any-return]
 
 
-def _note(sem: Any, kind: str, text: str) -> None:
+def _note(sem: Any, kind: str, text: Callable[[], str]) -> None:
+    """Remember the last wait or signal of ``sem``; ``text`` is formatted only for a message
+    (every DMA and wait notes one, so formatting each would cost more than the check)."""
     sm = sem.shared_memory
     notes = sm.__dict__.get(_NOTES)
     if notes is None:
@@ -377,7 +380,7 @@ def _dma_targets(ipc: Any, memory: Any) -> list[tuple[Any, str, Any]]:
         finally:
             _tls.dma = outer
         if self.src_sem is not None:
-            _note(self.src_sem, "signal", f"the send side of {_describe_dma(self)}")
+            _note(self.src_sem, "signal", lambda: f"the send side of {_describe_dma(self)}")
         return out
 
     def execute_write(self: Any) -> Any:
@@ -386,15 +389,14 @@ def _dma_targets(ipc: Any, memory: Any) -> list[tuple[Any, str, Any]]:
             out = orig_write(self)
         finally:
             _tls.dma = outer
-        _note(self.dst_sem, "signal", _describe_dma(self))
+        _note(self.dst_sem, "signal", functools.partial(_describe_dma, self))
         return out
 
     def wait(self: Any, value: Any, global_core_id: Any, *a: Any, **kw: Any) -> Any:
         out = orig_wait(self, value, global_core_id, *a, **kw)
-        device, core = divmod(int(global_core_id), self.shared_memory.num_cores_per_device)
         # dma_wait and semaphore_wait pass the waiting line (interpret_pallas_call.py:1142, 1214)
-        where = faults.user_location(getattr(kw.get("logging_info"), "source_info", None))
-        _note(self, "wait", f"device {device}, core {core}" + (f" at {where}" if where else ""))
+        info = getattr(kw.get("logging_info"), "source_info", None)
+        _note(self, "wait", functools.partial(_describe_wait, self, int(global_core_id), info))
         return out
 
     return [
@@ -415,6 +417,12 @@ def _range_text(rnge: Any) -> str:
     return faults.range_text(rnge, whole="the whole buffer")
 
 
+def _describe_wait(sem: Any, global_core_id: int, source_info: Any) -> str:
+    device, core = divmod(global_core_id, sem.shared_memory.num_cores_per_device)
+    where = faults.user_location(source_info)
+    return f"device {device}, core {core}" + (f" at {where}" if where else "")
+
+
 def _describe_dma(dma: Any) -> str:
     where = faults.user_location(dma.source_info)
     return (
@@ -427,8 +435,7 @@ def _describe_dma(dma: Any) -> str:
 def _semaphore_text(sem: Any) -> str:
     name = semaphore_description(sem)
     notes = sem.shared_memory.__dict__.get(_NOTES, {})
-    wait = notes.get((sem.id, "wait"), "none yet")
-    signal = notes.get((sem.id, "signal"), "none yet")
+    wait, signal = (notes.get((sem.id, kind), lambda: "none yet")() for kind in ("wait", "signal"))
     return f"{name} (last completed wait: {wait}; last signalled by: {signal})"
 
 
