@@ -243,6 +243,19 @@ def forward_more_than_was_filled(x_hbm: Any, o_hbm: Any, buf: Any, sems: Any) ->
 
 
 @on_core_0
+def forward_while_a_fill_is_in_flight(x_hbm: Any, o_hbm: Any, buf: Any, sems: Any) -> None:
+    first = pltpu.make_async_copy(x_hbm.at[0:4], buf.at[0:4], sems.at[0])
+    first.start()
+    first.wait()
+    fill = pltpu.make_async_copy(x_hbm.at[4:8], buf.at[4:8], sems.at[0])
+    fill.start()
+    out = pltpu.make_async_copy(buf, o_hbm, sems.at[0])  # rows 4:8 may not have landed
+    out.start()
+    out.wait()  # on_wait: the newest DMA on the semaphore runs first, before the fill
+    fill.wait()
+
+
+@on_core_0
 def forward_after_the_wait(x_hbm: Any, o_hbm: Any, buf: Any, sems: Any) -> None:
     fill = pltpu.make_async_copy(x_hbm, buf, sems.at[0])
     fill.start()
@@ -263,13 +276,33 @@ def test_a_load_before_the_filling_dma_was_waited_for_raises() -> None:
     assert "a load of unwritten memory" in str(info.value)
 
 
-def test_a_dma_of_unwritten_rows_names_its_semaphores_and_their_history() -> None:
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.int32])
+def test_a_dma_copies_unwritten_rows_as_they_are_as_the_chip_does(dtype: Any) -> None:
+    # A copy is not a use (JAX's test_compute_slice_bounded_slice_vmem forwards a partly written
+    # int32 buffer whole and checks only the rows it wrote): rows 4:8 arrive unwritten, hold the
+    # fill as in stock, and the result is not an error.
+    x = XS.astype(dtype)
+    scratch = [pltpu.VMEM((8, 128), dtype), pltpu.SemaphoreType.DMA((2,))]
+    with simulate(devices=1):
+        kernel = pl.kernel(
+            forward_more_than_was_filled,
+            out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            mesh=jax_compat.tensorcore_mesh("core"),
+            scratch_types=scratch,
+        )
+        out = np.asarray(jax.jit(kernel)(x))
+    np.testing.assert_array_equal(out[:4], x[:4])
+    if dtype == jnp.float32:
+        assert np.isnan(out[4:]).all()
+
+
+def test_a_dma_of_rows_a_dma_in_flight_has_not_written_names_its_semaphores() -> None:
     with simulate(devices=1), pytest.raises(UninitializedReadError) as info:
-        jax.jit(dma_kernel(forward_more_than_was_filled, SCRATCH))(XS)
+        jax.jit(dma_kernel(forward_while_a_fill_is_in_flight, SCRATCH))(XS)
     text = str(info.value)
-    assert info.value.kernel == "forward_more_than_was_filled"
-    assert "a DMA whose source holds unwritten memory" in text
-    assert "512 of 1024 element(s) never written, the first at (4, 0)" in text
+    assert info.value.kernel == "forward_while_a_fill_is_in_flight"
+    assert "a DMA whose source a DMA in flight has not written yet" in text
+    assert "512 of 1024 element(s) not yet written by a DMA in flight, the first at (4, 0)" in text
     # its semaphore, with the wait that last completed on it and the DMA that signalled it
     assert "destination semaphore #0 of the kernel" in text
     assert "last completed wait: device 0, core 0 at " in text

@@ -15,16 +15,24 @@ written so far:
 
 Like MemorySanitizer, a read of unwritten bytes is reported where it is *used*, since correct
 kernels read them and throw them away (JAX's megablox gmm merges ``select(mask, acc, out[...])``
-into a block it has not written yet). A floating-point element nobody wrote holds a NaN with a
-payload of its own (kept through arithmetic, selects and casts, with either sign); a store of that
-NaN leaves the element unwritten, so the taint follows the data through memory and DMAs, and the
-first read of unwritten memory is remembered as its origin. The error comes when the result is
-read back: an output element never written, or computed from unwritten memory, raises
+into a block it has not written yet), and a copy is not a use: a DMA takes the states of its
+source to its destination (JAX's ``test_compute_slice_bounded_slice_vmem`` copies a partly
+written VMEM buffer whole to its output and checks only the rows it wrote). What a DMA must not
+read is memory that a DMA in flight has yet to write: from its start to its completion a DMA's
+destination elements are *pending*, and a DMA reading one raises at once (the data is whichever
+of old and new bytes the chip has by then: a missing wait, or one satisfied by another DMA).
+A floating-point element nobody wrote holds a NaN with a payload of its own (kept through
+arithmetic, selects and casts, with either sign); a store of that NaN marks the element as
+computed from unwritten memory, so the taint follows the data through memory and DMAs, and the
+first load of unwritten memory is remembered as its origin. The error comes when the result is
+read back: an output element computed from unwritten memory raises
 :class:`UninitializedReadError` naming the element, the kernel and the origin (line, buffer,
-range; for a DMA its semaphores, the last wait on each and the DMA that last signalled it).
+range); one never written holds the fill, as in stock (callers may ignore what a kernel leaves).
 Integer and bool loads have no NaN to carry the taint, and usually feed an address or a branch:
-they raise at the load, as does a float load when ``uninitialized_memory="zero"``. An operation
-that makes a NaN of its own (``exp``, ``max``) drops the payload: the result then shows a NaN.
+they raise at the load, as does a float load when ``uninitialized_memory="zero"``. A DMA that
+reads pending memory raises naming its semaphores, the last wait on each and the DMA that last
+signalled it. An operation that makes a NaN of its own (``exp``, ``max``) drops the payload:
+the result then shows a NaN.
 
 Which buffers start unwritten is known at trace time only (the interpreter allocates both kinds
 with one callback): ``get_uninitialized_array`` results, and their padded forms, are remembered,
@@ -56,8 +64,9 @@ _NOTES = "_coremesh_semaphore_notes"
 _ORIGIN = "_coremesh_first_unwritten_read"
 _tls = threading.local()
 #: States of an element in a shadow map: never written, written, written with a value computed
-#: from unwritten memory (a store of the tainted NaN).
-UNWRITTEN, WRITTEN, DERIVED = np.uint8(0), np.uint8(1), np.uint8(2)
+#: from unwritten memory (a store of the tainted NaN), and not yet written by a DMA that has
+#: started to write it (its data has not landed: the wait on its semaphore comes first).
+UNWRITTEN, WRITTEN, DERIVED, PENDING = np.uint8(0), np.uint8(1), np.uint8(2), np.uint8(3)
 
 # ---------------------------------------------------------------------- trace time: which values
 _MAX_TRACKED = 4096
@@ -125,14 +134,14 @@ def _maps(sm: Any) -> dict[Any, np.ndarray]:
     return maps  # type: ignore[no-any-return]
 
 
-def _note(sem: Any, kind: str, text: Callable[[], str]) -> None:
+def _note(sem: Any, core: int, kind: str, text: Callable[[], str]) -> None:
     """Remember the last wait or signal of ``sem``; ``text`` is formatted only for a message
     (every DMA and wait notes one, so formatting each would cost more than the check)."""
     sm = sem.shared_memory
     notes = sm.__dict__.get(_NOTES)
     if notes is None:
         notes = sm.__dict__.setdefault(_NOTES, {})
-    notes[(sem.id, kind)] = text
+    notes[(sem.id, core, kind)] = text  # a semaphore object serves every core of every device
 
 
 def _view(written: np.ndarray, rnge: Any) -> np.ndarray | None:
@@ -277,7 +286,12 @@ def targets() -> list[tuple[Any, str, Any]]:
                 written[...] = UNWRITTEN
                 if self.uninitialized_memory == "nan":
                     _poison(self.mem[key].content)
-        elif (view != WRITTEN).any() and (dma is not None or not _from_rule(source_info)):
+        elif dma is not None:
+            if (view == PENDING).any():  # data a DMA in flight has not landed yet
+                raise _error(self, key, rnge, view, info, dma)
+            if (view != WRITTEN).any():  # a copy, not a use: the states go with the data
+                dma._coremesh_carry = view.copy()
+        elif (view != WRITTEN).any() and not _from_rule(source_info):
             carries = self.uninitialized_memory == "nan" and taint_layout(out[0].dtype)
             if not carries:
                 raise _error(self, key, rnge, view, info, dma)
@@ -289,6 +303,9 @@ def targets() -> list[tuple[Any, str, Any]]:
         written = _maps(self).get(key)
         carry = getattr(_tls, "carry", None)
         _tls.carry = None
+        dma = getattr(_tls, "dma", None)
+        if carry is None and dma is not None:
+            carry = dma.__dict__.pop("_coremesh_carry", None)
         tainted = _tainted(np.asarray(value)) if _origin(self) is not None else None
         if written is None:
             if tainted is None or not tainted.any():
@@ -301,7 +318,7 @@ def targets() -> list[tuple[Any, str, Any]]:
                 mask = np.asarray(mask, bool)
                 written[index] = np.where(mask, fresh, written[index])
             elif carry is not None and written[index].shape == carry.shape:
-                written[index] = carry  # the pipeline's copy of a block: its states as they are
+                written[index] = carry  # a copy (pipeline block, DMA): its states as they are
             else:
                 written[index] = fresh
         except Exception:
@@ -372,6 +389,16 @@ def _dma_targets(ipc: Any, memory: Any) -> list[tuple[Any, str, Any]]:
     waits and DMA signals are remembered per semaphore for the message."""
     orig_read, orig_write = ipc.DMA.execute_read, ipc.DMA.execute_write
     orig_wait = memory.Semaphore.wait
+    orig_append = memory.SharedMemory.append_semaphore_task
+
+    def append_semaphore_task(self: Any, semaphore_id: Any, global_core_id: Any, task: Any) -> Any:
+        # dma_start queues a DMA that does not complete at once (on_wait, a schedule): its
+        # destination is pending until its write.
+        dma = getattr(task, "__self__", None)
+        if isinstance(dma, ipc.DMA) and "_coremesh_pending" not in dma.__dict__:
+            dma._coremesh_pending = True
+            _mark_pending(self, ipc, dma)
+        return orig_append(self, semaphore_id, global_core_id, task)
 
     def execute_read(self: Any) -> Any:
         outer, _tls.dma = getattr(_tls, "dma", None), self
@@ -380,7 +407,12 @@ def _dma_targets(ipc: Any, memory: Any) -> list[tuple[Any, str, Any]]:
         finally:
             _tls.dma = outer
         if self.src_sem is not None:
-            _note(self.src_sem, "signal", lambda: f"the send side of {_describe_dma(self)}")
+            _note(
+                self.src_sem,
+                self.src_global_core_id,
+                "signal",
+                lambda: f"the send side of {_describe_dma(self)}",
+            )
         return out
 
     def execute_write(self: Any) -> Any:
@@ -389,21 +421,41 @@ def _dma_targets(ipc: Any, memory: Any) -> list[tuple[Any, str, Any]]:
             out = orig_write(self)
         finally:
             _tls.dma = outer
-        _note(self.dst_sem, "signal", functools.partial(_describe_dma, self))
+        _note(
+            self.dst_sem, self.dst_global_core_id, "signal", functools.partial(_describe_dma, self)
+        )
         return out
 
     def wait(self: Any, value: Any, global_core_id: Any, *a: Any, **kw: Any) -> Any:
         out = orig_wait(self, value, global_core_id, *a, **kw)
         # dma_wait and semaphore_wait pass the waiting line (interpret_pallas_call.py:1142, 1214)
         info = getattr(kw.get("logging_info"), "source_info", None)
-        _note(self, "wait", functools.partial(_describe_wait, self, int(global_core_id), info))
+        core = int(global_core_id)
+        _note(self, core, "wait", functools.partial(_describe_wait, self, core, info))
         return out
 
     return [
         (ipc.DMA, "execute_read", execute_read),
         (ipc.DMA, "execute_write", execute_write),
         (memory.Semaphore, "wait", wait),
+        (memory.SharedMemory, "append_semaphore_task", append_semaphore_task),
     ]
+
+
+def _mark_pending(sm: Any, ipc: Any, dma: Any) -> None:
+    """The unwritten elements of a started DMA's destination become pending."""
+    space = ipc.TPU_MEMORY_SPACE_NAMES[int(dma.dst_memory_space)]
+    core = ipc._local_core_id_or_zero_if_hbm(int(dma.dst_local_core_id), space)
+    key = (space, int(dma.dst_buffer_id), int(dma.dst_device_id), core)
+    written = _maps(sm).get(key)
+    if written is None:
+        return
+    try:
+        index = tuple(ipc.interpret_utils.to_range(dma.dst_transforms))
+        states = written[index]
+        written[index] = np.where(states == UNWRITTEN, PENDING, states)
+    except Exception:  # a range the interpreter rejects: its own error comes at the write
+        return
 
 
 # ---------------------------------------------------------------------- the message
@@ -432,10 +484,10 @@ def _describe_dma(dma: Any) -> str:
     )
 
 
-def _semaphore_text(sem: Any) -> str:
+def _semaphore_text(sem: Any, core: int) -> str:
     name = semaphore_description(sem)
     notes = sem.shared_memory.__dict__.get(_NOTES, {})
-    wait, signal = (notes.get((sem.id, kind), lambda: "none yet")() for kind in ("wait", "signal"))
+    wait, signal = (notes.get((sem.id, core, k), lambda: "none yet")() for k in ("wait", "signal"))
     return f"{name} (last completed wait: {wait}; last signalled by: {signal})"
 
 
@@ -443,16 +495,17 @@ def _read_parts(
     sm: Any, key: Any, rnge: Any, view: np.ndarray, info: Any, dma: Any
 ) -> dict[str, Any]:
     """Where a read of unwritten memory happened, and what it read."""
-    unwritten = view != WRITTEN
+    unwritten = view == PENDING if dma is not None else view != WRITTEN
     missing = int(np.count_nonzero(unwritten))
+    pending = missing if dma is not None else int(np.count_nonzero(view == PENDING))
     first = tuple(int(i) for i in np.argwhere(unwritten)[0]) if view.ndim else ()
     if dma is not None:
         device, core = int(dma.src_device_id), int(dma.src_local_core_id)
         source_info = dma.source_info
-        sems = [f"destination {_semaphore_text(dma.dst_sem)}"]
+        sems = [f"destination {_semaphore_text(dma.dst_sem, dma.dst_global_core_id)}"]
         if dma.src_sem is not None:
-            sems.append(f"source {_semaphore_text(dma.src_sem)}")
-        operation = "a DMA whose source holds unwritten memory"
+            sems.append(f"source {_semaphore_text(dma.src_sem, dma.src_global_core_id)}")
+        operation = "a DMA whose source a DMA in flight has not written yet"
         extra = "; semaphores: " + "; ".join(sems)
     else:
         device = int(getattr(info, "device_id", key[2]))
@@ -469,8 +522,14 @@ def _read_parts(
         f"{operation} on device {device}, core {core}"
         + (f" in kernel {kernel!r}" if kernel else "")
         + (f" at {location}" if location else "")
-        + f": buffer {buffer}, range {index}: {missing} of {view.size} element(s) never written"
+        + f": buffer {buffer}, range {index}: {missing} of {view.size} element(s) "
+        + ("not yet written by a DMA in flight" if dma is not None else "never written")
         + (f", the first at {first} of the range" if first else "")
+        + (
+            f" ({pending} of them are a started DMA's destination: it has not landed yet)"
+            if pending and dma is None
+            else ""
+        )
         + extra
     )
     return {
