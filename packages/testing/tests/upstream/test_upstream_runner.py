@@ -165,3 +165,46 @@ def test_stock_mode_forces_interpret_mode_only_for_tpu_tests() -> None:
     with _context("stock", Needs(device_under_test="tpu")):
         assert forced() is not None
     assert forced() is None
+
+
+def _subset_run(tmp_path: Path, names: list[str], capsys: pytest.CaptureFixture[str]) -> int:
+    tree = _tree(tmp_path)
+    subsets = tmp_path / "subsets"
+    subsets.mkdir()
+    ids = [f"tpu_synthetic_test.py::SyntheticTest::{n}" for n in names]
+    (subsets / "jax-0.10.2.txt").write_text("# what must pass\n" + "\n".join(ids) + "\n")
+    argv = ["upstream", "--jax-tests", str(tree), "--mode", "sim", "--timeout", "30"]
+    code = cli.main([*argv, "--subset", str(subsets), "--out", str(tmp_path / "out"), "-q"])
+    doc = json.loads(next((tmp_path / "out").glob("upstream-jax-*.json")).read_text())
+    ran = [t["nodeid"] for f in doc["files"] for t in f["tests"]]
+    assert sorted(ran) == sorted(ids)  # only the listed tests ran, and only their file
+    return code
+
+
+def test_a_subset_runs_only_its_tests_and_passes_when_they_all_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _subset_run(tmp_path, ["test_pass", "test_tpu_gate"], capsys) == 0
+    assert "subset jax-0.10.2.txt: all 2 tests passed on the simulator" in capsys.readouterr().out
+
+
+def test_a_subset_fails_naming_each_listed_test_that_did_not_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _subset_run(tmp_path, ["test_pass", "test_fail", "test_skip"], capsys) == 1
+    out = capsys.readouterr().out
+    assert "subset jax-0.10.2.txt: 2 of 3 tests did not pass:" in out
+    assert "SyntheticTest::test_fail: fail: AssertionError: 2 != 3 : one and one" in out
+    assert "SyntheticTest::test_skip: skip: skipped on purpose" in out
+
+
+def test_a_subset_line_that_is_not_a_node_id_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tree = _tree(tmp_path)
+    bad = tmp_path / "bad.txt"
+    bad.write_text("tpu_synthetic_test.py::SyntheticTest::test_pass\ntest_fail\n")
+    argv = ["upstream", "--jax-tests", str(tree), "--subset", str(bad), "--out", str(tmp_path)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:2: 'test_fail' is not a node id" in err

@@ -10,6 +10,7 @@ from typing import TextIO
 from coremesh.core import jax_versions
 from coremesh.testing.upstream import report
 from coremesh.testing.upstream.run import DEFAULT_GLOB, FileRun, Mode, run_tree, select_files
+from coremesh.testing.upstream.subset import Subset, read_subset, subset_file
 from coremesh.testing.upstream.tree import CORPUS_ENV, resolve
 
 MODE_CHOICES = ("sim", "stock", "both")
@@ -38,6 +39,13 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
         "--out", metavar="DIR", default="upstream-results", help="where tables and logs go"
     )
     sp.add_argument("-k", dest="keyword", metavar="EXPR", default=None, help="pytest's -k")
+    sp.add_argument(
+        "--subset",
+        metavar="PATH",
+        default=None,
+        help="run only the node ids listed in PATH (or in PATH/<tree folder>.txt) and exit 1 "
+        "unless every one passes on the simulator (what CI runs)",
+    )
     sp.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
 
@@ -56,7 +64,12 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     """Run, write ``upstream-jax-<version>.{md,json}`` under ``--out``, print the table."""
     version = jax_versions.installed()
     tree = resolve(Path(args.jax_tests).resolve(), version)
-    files = select_files(tree, args.files)
+    chosen = None
+    if args.subset is not None:
+        chosen = read_subset(subset_file(Path(args.subset).resolve(), tree))
+        files = select_files(tree, list(chosen.by_file))
+    else:
+        files = select_files(tree, args.files)
     modes: list[Mode] = ["sim", "stock"] if args.mode == "both" else [args.mode]
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -72,10 +85,26 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         out,
         timeout=args.timeout,
         keyword=args.keyword,
+        only=chosen.by_file if chosen is not None else None,
         progress=None if args.quiet else _progress(stderr),
     )
     table = report.markdown(runs, tree, version)
     (out / f"upstream-jax-{version}.md").write_text(table)
     (out / f"upstream-jax-{version}.json").write_text(report.to_json(runs, tree, version) + "\n")
     stdout.write(table)
+    if chosen is not None:
+        return _check_subset(chosen, runs, stdout)
     return 0
+
+
+def _check_subset(chosen: Subset, runs: list[FileRun], stdout: TextIO) -> int:
+    """0 if every test of the subset passed on the simulator; else 1, naming the others."""
+    results = [r for run in runs if run.mode == "sim" for r in run.results]
+    missed = chosen.missed(results)
+    total = len(chosen.nodeids)
+    if not missed:
+        stdout.write(f"\nsubset {chosen.path.name}: all {total} tests passed on the simulator\n")
+        return 0
+    stdout.write(f"\nsubset {chosen.path.name}: {len(missed)} of {total} tests did not pass:\n")
+    stdout.writelines(f"  {nodeid}: {what}\n" for nodeid, what in missed)
+    return 1

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -99,9 +99,12 @@ def child_command(
     done: Path,
     ini: Path,
     keyword: str | None = None,
+    only: Sequence[str] = (),
     python: str = sys.executable,
 ) -> list[str]:
-    cmd = [python, "-m", "pytest", str(file), "-c", str(ini), "--rootdir", str(tree.tests)]
+    """The child's pytest command line; ``only``: node ids of ``file`` to run (default all)."""
+    targets = [f"{file}::{nodeid.split('::', 1)[1]}" for nodeid in only] or [str(file)]
+    cmd = [python, "-m", "pytest", *targets, "-c", str(ini), "--rootdir", str(tree.tests)]
     cmd += ["-p", "coremesh.testing.upstream.shims", "-p", "no:cacheprovider", "-q"]
     cmd += [f"--timeout={timeout:g}", "--timeout-method=thread"]
     cmd += ["--upstream-mode", mode, "--upstream-tree", str(tree.root)]
@@ -137,6 +140,7 @@ def run_file(
     *,
     timeout: float = 180.0,
     keyword: str | None = None,
+    only: Sequence[str] = (),
     python: str = sys.executable,
 ) -> FileRun:
     """Every test of ``file`` in ``mode``, restarting the child after a hang or a crash."""
@@ -162,7 +166,7 @@ def run_file(
         events.unlink(missing_ok=True)
         cmd = child_command(
             tree, file, mode, timeout=timeout, events=events, done=done_path, ini=ini,
-            keyword=keyword, python=python,
+            keyword=keyword, only=only, python=python,
         )  # fmt: skip
         offset = log_path.stat().st_size
         with log_path.open("ab") as log:
@@ -219,10 +223,12 @@ def run_tree(
     *,
     timeout: float = 180.0,
     keyword: str | None = None,
+    only: Mapping[str, Sequence[str]] | None = None,
     progress: Callable[[FileRun], None] | None = None,
     python: str = sys.executable,
 ) -> list[FileRun]:
-    """Each file in each mode, in order; ``progress`` hears of each as it finishes."""
+    """Each file in each mode, in order; ``progress`` hears of each as it finishes. ``only``:
+    per file name, the node ids to run (a subset); files it does not name run whole."""
     if not files:
         raise CoremeshError(
             f"no test files selected in {tree.tests}",
@@ -232,7 +238,14 @@ def run_tree(
     for file in files:
         for mode in modes:
             run = run_file(
-                tree, file, mode, out_dir, timeout=timeout, keyword=keyword, python=python
+                tree,
+                file,
+                mode,
+                out_dir,
+                timeout=timeout,
+                keyword=keyword,
+                only=(only or {}).get(file.name, ()),
+                python=python,
             )
             runs.append(run)
             if progress is not None:
