@@ -13,5 +13,6 @@ needs and nothing in a test body changed, and writes a per-file table. Modules:
 * :mod:`~coremesh.testing.upstream.events`: what a child reports, as it happens;
 * :mod:`~coremesh.testing.upstream.run`: one child per file and mode, a watchdog per test;
 * :mod:`~coremesh.testing.upstream.report`: the tables (markdown + JSON);
+* :mod:`~coremesh.testing.upstream.subset`: the fixed subset CI runs, which must pass;
 * :mod:`~coremesh.testing.upstream.command`: the ``coremesh upstream`` command.
 """
