@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +94,57 @@ def publish(out: Path, stem: str, lines: Sequence[str], data: Any) -> str:
     (out / f"{stem}.json").write_text(json.dumps(data, indent=2, default=str))
     print(text)
     return text
+
+
+def line_chart(
+    path: Path,
+    panels: Mapping[str, Mapping[str, Sequence[tuple[float, float]]]],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    log: bool = True,
+) -> bool:
+    """One panel per ``panels`` key, one line per series of (x, y) points (log-log unless
+    ``log`` is off; a series keeps its colour across panels), written as a PNG; False (and a
+    note on stderr) without matplotlib."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        print("no chart: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
+
+    labels = list(dict.fromkeys(label for series in panels.values() for label in series))
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = {label: cycle[i % len(cycle)] for i, label in enumerate(labels)}
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    for ax, (name, series) in zip(axes[0], panels.items(), strict=True):
+        ticks: set[float] = set()
+        for label, points in series.items():
+            if not points:
+                continue
+            xs, ys = zip(*sorted(points), strict=True)
+            ax.plot(xs, ys, marker="o", label=label, color=colors[label])
+            ticks.update(xs)
+        if log:
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+        if ticks:
+            ax.set_xticks(sorted(ticks), [f"{t:g}" for t in sorted(ticks)])
+            ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
