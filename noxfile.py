@@ -286,6 +286,12 @@ def _upstream(session: nox.Session, line: Line) -> None:
         "coremesh", "upstream", "--jax-tests", corpus, "--out", str(out), *session.posargs,
         env=LIBTPU_ENV,
     )  # fmt: skip
+    # The tree's TPU guides, every code cell at its full size: guides-jax-<version>.{md,json}
+    # beside the tests' tables (-- --files ... narrows the tests; the guides always run whole).
+    session.run(
+        "coremesh", "upstream", "--jax-tests", corpus, "--guides", "--out", str(out),
+        env=LIBTPU_ENV,
+    )  # fmt: skip
     session.log(f"results in {out}")
 
 
@@ -316,7 +322,8 @@ BENCH_DOC = (
 TYPECHECK_DOC = "mypy --strict over every package's sources and tests"
 UPSTREAM_DOC = (
     "JAX's own Pallas TPU tests (the test tree nearest the line) on the simulator and in stock "
-    "interpret mode; per-file tables in upstream-results/ (-- --files NAME ... --mode sim)"
+    "interpret mode, then the TPU guides' code cells; per-file and per-cell tables in "
+    "upstream-results/ (-- --files NAME ... --mode sim)"
 )
 
 

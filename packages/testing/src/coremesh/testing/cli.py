@@ -6,6 +6,7 @@
     coremesh aot-all                                check every program the packages ship
     coremesh demo                                   the core_map guide's programs, end to end
     coremesh upstream --jax-tests PATH [...]        JAX's own Pallas TPU tests on the simulator
+    coremesh upstream --jax-tests PATH --guides     JAX's TPU guides, cell by cell, on the simulator
 
 ``MODULE:NAME`` names a module-level object (``package.module:NAME``, ``path/to/file.py:NAME``,
 ``...:NAME[key]`` for one entry of a dict). The object may be:

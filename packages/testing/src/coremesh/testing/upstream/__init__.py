@@ -15,4 +15,14 @@ needs and nothing in a test body changed, and writes a per-file table. Modules:
 * :mod:`~coremesh.testing.upstream.report`: the tables (markdown + JSON);
 * :mod:`~coremesh.testing.upstream.subset`: the fixed subset CI runs, which must pass;
 * :mod:`~coremesh.testing.upstream.command`: the ``coremesh upstream`` command.
+
+``coremesh upstream --guides`` runs the tree's TPU guides (``docs/pallas/tpu``) instead, cell by
+cell, on the slice each was written on:
+
+* :mod:`~coremesh.testing.upstream.guides`: the guides, their slices and declared text changes;
+* :mod:`~coremesh.testing.upstream.guide_cells`: a guide's code cells, as a notebook runs them;
+* :mod:`~coremesh.testing.upstream.guide_child`: the child that runs one guide's cells;
+* :mod:`~coremesh.testing.upstream.guide_checks`: printed differences and recorded outputs;
+* :mod:`~coremesh.testing.upstream.guide_run`: one child per guide, a watchdog per cell;
+* :mod:`~coremesh.testing.upstream.guide_report`: the per-cell tables (markdown + JSON).
 """

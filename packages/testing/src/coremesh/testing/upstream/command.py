@@ -8,12 +8,16 @@ from pathlib import Path
 from typing import TextIO
 
 from coremesh.core import jax_versions
-from coremesh.testing.upstream import report
+from coremesh.testing.upstream import guide_report, guides, report
+from coremesh.testing.upstream.guide_run import GuideRun, run_guide
 from coremesh.testing.upstream.run import DEFAULT_GLOB, FileRun, Mode, run_tree, select_files
 from coremesh.testing.upstream.subset import Subset, read_subset, subset_file
-from coremesh.testing.upstream.tree import CORPUS_ENV, resolve
+from coremesh.testing.upstream.tree import CORPUS_ENV, TestTree, resolve
 
 MODE_CHOICES = ("sim", "stock", "both")
+#: Default seconds before a test, or a guide cell, is a hang.
+TEST_TIMEOUT_S = 180.0
+GUIDE_TIMEOUT_S = 1800.0
 
 
 def add_arguments(sp: argparse.ArgumentParser) -> None:
@@ -33,7 +37,11 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
     )
     sp.add_argument("--mode", choices=MODE_CHOICES, default="both", help="default: both")
     sp.add_argument(
-        "--timeout", type=float, default=180.0, help="seconds per test before it is a hang (180)"
+        "--timeout",
+        type=float,
+        default=None,
+        help=f"seconds per test before it is a hang ({TEST_TIMEOUT_S:g}); per guide cell "
+        f"with --guides ({GUIDE_TIMEOUT_S:g})",
     )
     sp.add_argument(
         "--out", metavar="DIR", default="upstream-results", help="where tables and logs go"
@@ -47,6 +55,22 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
         "unless every one passes on the simulator (what CI runs)",
     )
     sp.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    sp.add_argument(
+        "--guides",
+        nargs="*",
+        metavar="NAME",
+        default=None,
+        help=f"run the tree's TPU guides instead of its tests: every code cell on the simulator "
+        f"(names: {', '.join(guides.NAMES)}; none given: all)",
+    )
+    sp.add_argument(
+        "--first", type=int, default=None, metavar="N", help="with --guides: only the first N cells"
+    )
+    sp.add_argument(
+        "--as-written",
+        action="store_true",
+        help="with --guides: without the declared device-gate and jax-spelling changes",
+    )
 
 
 def _progress(stream: TextIO) -> Callable[[FileRun], None]:
@@ -64,6 +88,8 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     """Run, write ``upstream-jax-<version>.{md,json}`` under ``--out``, print the table."""
     version = jax_versions.installed()
     tree = resolve(Path(args.jax_tests).resolve(), version)
+    if args.guides is not None:
+        return _run_guides(args, tree, version, stdout, stderr)
     chosen = None
     if args.subset is not None:
         chosen = read_subset(subset_file(Path(args.subset).resolve(), tree))
@@ -83,7 +109,7 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         files,
         modes,
         out,
-        timeout=args.timeout,
+        timeout=TEST_TIMEOUT_S if args.timeout is None else args.timeout,
         keyword=args.keyword,
         only=chosen.by_file if chosen is not None else None,
         progress=None if args.quiet else _progress(stderr),
@@ -108,3 +134,39 @@ def _check_subset(chosen: Subset, runs: list[FileRun], stdout: TextIO) -> int:
     stdout.write(f"\nsubset {chosen.path.name}: {len(missed)} of {total} tests did not pass:\n")
     stdout.writelines(f"  {nodeid}: {what}\n" for nodeid, what in missed)
     return 1
+
+
+def _show_guide(stream: TextIO, run: GuideRun) -> None:
+    for c in run.cells:
+        note = f": {c.message}" if c.message else ""
+        stream.write(f"{run.guide:<12} cell {c.index:<3} {c.status:<5} {c.seconds:7.1f} s{note}\n")
+    stream.write(f"{run.guide:<12} {run.summary()} ({run.elapsed_s:.1f} s)\n")
+    stream.flush()
+
+
+def _run_guides(
+    args: argparse.Namespace, tree: TestTree, version: str, stdout: TextIO, stderr: TextIO
+) -> int:
+    """Run the guides, write ``guides-jax-<version>.{md,json}`` under ``--out``."""
+    chosen = [guides.get_guide(n) for n in args.guides] if args.guides else list(guides.GUIDES)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    timeout = GUIDE_TIMEOUT_S if args.timeout is None else args.timeout
+    if not args.quiet:
+        stderr.write(
+            f"TPU guides of {tree.label} at {tree.root} for jax {version}: "
+            f"{', '.join(g.name for g in chosen)}, {timeout:g} s per cell\n"
+        )
+    runs = []
+    for g in chosen:
+        run = run_guide(tree, g, out, timeout=timeout, first=args.first, as_written=args.as_written)
+        runs.append(run)
+        if not args.quiet:
+            _show_guide(stderr, run)
+    table = guide_report.markdown(runs, tree, version)
+    (out / f"guides-jax-{version}.md").write_text(table)
+    (out / f"guides-jax-{version}.json").write_text(
+        guide_report.to_json(runs, tree, version) + "\n"
+    )
+    stdout.write(table)
+    return 0
