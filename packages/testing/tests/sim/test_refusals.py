@@ -227,3 +227,72 @@ def test_a_dma_read_but_not_yet_written_is_pending_only_on_its_receive_side() ->
     assert _pending_dma(done.execute_read) is None
     assert _pending_dma(done.execute_read_and_write) is None
     assert _pending_dma(lambda: None) is None  # a task that is not a DMA's
+
+
+def scalar_op(op: Any, dtype: Any) -> Any:
+    """``y[0] = op(x[1], x[2])`` on SMEM scalars: the scalar unit, as in JAX's own tests."""
+
+    def kernel(x_ref: Any, y_ref: Any) -> None:
+        y_ref[0] = op(x_ref[1], x_ref[2])
+
+    return pl.pallas_call(
+        kernel,
+        in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
+        out_specs=pl.BlockSpec(memory_space=pltpu.SMEM),
+        out_shape=jax.ShapeDtypeStruct((3,), dtype),
+    )
+
+
+SCALAR_OPS = {"add": jnp.add, "max": jnp.maximum, "shift": jnp.left_shift}
+
+
+def compiles_for_v5p(fn: Any, dtype: Any) -> bool:
+    """Whether libtpu's Mosaic compiles ``fn`` for one v5p device: the reference."""
+    from jax._src.pallas.mosaic.error_handling import MosaicError
+
+    from coremesh.testing.aot.topology import CompileTarget
+
+    with CompileTarget.for_chip("v5p", devices=1).activate():
+        try:
+            jax.jit(fn).trace(jax.ShapeDtypeStruct((3,), dtype)).lower().compile()
+        except MosaicError:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("name", list(SCALAR_OPS))
+@pytest.mark.parametrize("dtype", [jnp.int8, jnp.uint16])
+def test_narrow_integer_scalar_arithmetic_is_refused_as_mosaic_refuses_it(
+    name: str, dtype: Any
+) -> None:
+    from jax._src.pallas.mosaic.error_handling import MosaicError
+
+    from coremesh.testing.sim import MosaicRefusalError
+
+    fn = scalar_op(SCALAR_OPS[name], dtype)
+    assert not compiles_for_v5p(fn, dtype)
+    x = jnp.arange(3, dtype=dtype)
+    with simulate("v5p", 1), pytest.raises(MosaicRefusalError) as info:
+        jax.jit(fn)(x)
+    assert isinstance(info.value, MosaicError)  # what code written for the chip catches
+    assert "Not implemented: Only i1 and i32 scalars are supported" in str(info.value)
+    assert "x.astype(jnp.int32)" in str(info.value)
+
+
+@pytest.mark.parametrize("name", list(SCALAR_OPS))
+def test_int32_scalar_arithmetic_and_narrow_vectors_run(name: str) -> None:
+    op = SCALAR_OPS[name]
+    fn = scalar_op(op, jnp.int32)
+    assert compiles_for_v5p(fn, jnp.int32)
+    x = np.arange(3, dtype=np.int32)
+
+    def vector_kernel(x_ref: Any, y_ref: Any) -> None:
+        y_ref[...] = op(x_ref[...], jnp.int8(1))  # a vector op with a scalar operand
+
+    vector = pl.pallas_call(vector_kernel, out_shape=jax.ShapeDtypeStruct((32, 128), jnp.int8))
+    v = (np.arange(32 * 128) % 50).astype(np.int8).reshape(32, 128)
+    with simulate("v5p", 1):
+        got = np.asarray(jax.jit(fn)(x))
+        got_vector = np.asarray(jax.jit(vector)(v))
+    assert got[0] == np.asarray(op(x[1], x[2]))
+    np.testing.assert_array_equal(got_vector, np.asarray(op(v, np.int8(1))))

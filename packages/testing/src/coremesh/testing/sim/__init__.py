@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from coremesh.testing.sim.deadlock import DEFAULT_DEADLINE_S
     from coremesh.testing.sim.devices import configure_host_devices
     from coremesh.testing.sim.errors import (
+        MosaicRefusalError,
         NotSimulatedError,
         SimulationDeadlock,
         SimulationFault,
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 _WHERE = {
     "DEFAULT_DEADLINE_S": "deadlock",
     "configure_host_devices": "devices",
+    "MosaicRefusalError": "errors",
     "NotSimulatedError": "errors",
     "SimulationDeadlock": "errors",
     "SimulationFault": "errors",
@@ -44,6 +46,7 @@ _WHERE = {
 __all__ = [
     "DEFAULT_DEADLINE_S",
     "PATCH_NAMES",
+    "MosaicRefusalError",
     "NotSimulatedError",
     "Schedule",
     "SimParams",

@@ -7,6 +7,7 @@ where instead of an XLA callback traceback.
 
 from __future__ import annotations
 
+from jax._src.pallas.mosaic.error_handling import MosaicError
 from jax.errors import JaxRuntimeError
 
 from coremesh.core.errors import CoremeshError, DeadlockError
@@ -40,6 +41,14 @@ class SimulationDeadlock(DeadlockError):  # noqa: N818  (the name the project's 
         self.needed = needed
         self.blocked = blocked
         super().__init__(what, rule=rule, chip=chip, fix=fix)
+
+
+class MosaicRefusalError(CoremeshError, MosaicError):
+    """A kernel Mosaic's compiler refuses, refused before it runs, with Mosaic's words.
+
+    Also a ``MosaicError``: code that expects the compiler's rejection on a TPU (JAX's own tests
+    do) gets it from the simulator too.
+    """
 
 
 class NotSimulatedError(CoremeshError, NotImplementedError):

@@ -20,7 +20,7 @@ from coremesh.core.chips import Chip
 from coremesh.core.errors import CollectiveIdError, MeshError
 from coremesh.testing.sim.chip import SimulatedChip
 from coremesh.testing.sim.deadlock import semaphore_description
-from coremesh.testing.sim.errors import UnfinishedKernelError
+from coremesh.testing.sim.errors import MosaicRefusalError, UnfinishedKernelError
 from coremesh.testing.sim.faults import register_kernel, user_location
 from coremesh.testing.sim.jaxprs import all_eqns
 
@@ -78,6 +78,8 @@ def check_kernel(
         limit = validate._clamped(validate._vmem_limit(compiler_params), chip.chip)
         check_fits(vmem, chip.chip, "vmem", vmem_limit_bytes=limit, what=what)
     check_fits(smem, chip.chip, "smem", what=what)
+    if not sparsecore:
+        check_scalar_ops(inner, label, chip.name)
     if getattr(compiler_params, "collective_id", None) is None:
         for eqn in _barrier_uses(inner):
             where = user_location(eqn.source_info)
@@ -92,6 +94,58 @@ def check_kernel(
                 "compiler_params=pltpu.CompilerParams(collective_id=0) to pl.kernel / "
                 "pl.pallas_call)",
             )
+
+
+#: Integer operations Mosaic lowers to the scalar unit's ``arith`` ops (or ``cmpi``), which take
+#: only i1 and i32 scalars. Conversions and copies are not among them: those compile.
+_SCALAR_INT_OPS = frozenset(
+    {
+        "add", "sub", "mul", "div", "rem", "neg", "abs", "sign", "max", "min",
+        "and", "or", "xor", "not", "shift_left", "shift_right_logical",
+        "shift_right_arithmetic", "eq", "ne", "lt", "le", "gt", "ge", "select_n",
+        "integer_pow", "clamp",
+    }
+)  # fmt: skip
+
+
+def check_scalar_ops(jaxpr: Any, label: str, chip: str) -> None:
+    """Refuse integer arithmetic or comparisons on sub-32-bit scalars in a TensorCore kernel.
+
+    Mosaic refuses them on every chip (measured: v5e, v5p, v6e and TPU7x, jax 0.10.2 and
+    0.12.0.1: "Only i1 and i32 scalars are supported", "Only i32 arith.addi is supported"),
+    while the interpreter computes them in numpy.
+    """
+    for eqn in all_eqns(jaxpr):
+        if eqn.primitive.name not in _SCALAR_INT_OPS:
+            continue
+        if any(getattr(getattr(v, "aval", None), "shape", None) != () for v in eqn.outvars):
+            continue  # a vector op (a scalar operand is broadcast): the vector unit's business
+        for var in (*eqn.invars, *eqn.outvars):
+            dtype = _narrow_int(getattr(var, "aval", None))
+            if dtype is None:
+                continue
+            where = user_location(eqn.source_info)
+            raise MosaicRefusalError(
+                f"{label}: Not implemented: Only i1 and i32 scalars are supported; "
+                f"'{eqn.primitive.name}' on a {dtype} scalar" + (f" at {where}" if where else ""),
+                rule="a TensorCore's scalar unit computes on 32-bit integers (and bools) only; "
+                "Mosaic refuses integer arithmetic and comparisons on narrower scalars",
+                chip=chip,
+                fix=f"cast the scalar to int32 first (x.astype(jnp.int32)), compute, and cast "
+                f"back to {dtype} to store it",
+            )
+
+
+def _narrow_int(aval: Any) -> Any:
+    """The dtype of a scalar integer ``aval`` narrower than 32 bits (int4 to int16), else None."""
+    import jax.numpy as jnp
+
+    dtype = getattr(aval, "dtype", None)
+    if getattr(aval, "shape", None) != () or dtype is None:
+        return None
+    if not jnp.issubdtype(dtype, jnp.integer) or jnp.iinfo(dtype).bits >= 32:
+        return None
+    return dtype
 
 
 def _barrier_uses(jaxpr: Any) -> Iterator[Any]:
