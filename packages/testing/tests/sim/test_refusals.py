@@ -296,3 +296,52 @@ def test_int32_scalar_arithmetic_and_narrow_vectors_run(name: str) -> None:
         got_vector = np.asarray(jax.jit(vector)(v))
     assert got[0] == np.asarray(op(x[1], x[2]))
     np.testing.assert_array_equal(got_vector, np.asarray(op(v, np.int8(1))))
+
+
+def copy_blocks(grid: tuple[int, ...], limit: int) -> Any:
+    """A (128, 128) float32 copy through BlockSpec blocks, under a VMEM limit of ``limit``."""
+
+    def kernel(x_ref: Any, y_ref: Any) -> None:
+        y_ref[...] = x_ref[...]
+
+    kw: dict[str, Any] = {}
+    if grid:
+        rows = 128 // grid[0]
+        kw = {
+            "grid": grid,
+            "in_specs": [pl.BlockSpec((rows, 128), lambda i: (i, 0))],
+            "out_specs": pl.BlockSpec((rows, 128), lambda i: (i, 0)),
+        }
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((128, 128), jnp.float32),
+        compiler_params=pltpu.CompilerParams(vmem_limit_bytes=limit),
+        **kw,
+    )
+
+
+@pytest.mark.parametrize(("grid", "limit"), [((), 96), ((), 128), ((2,), 96), ((2,), 128)])
+def test_blockspec_blocks_count_against_the_vmem_limit_as_the_compiler_counts_them(
+    grid: tuple[int, ...], limit: int
+) -> None:
+    from coremesh.testing.aot.topology import CompileTarget
+    from coremesh.testing.sim.errors import KernelCapacityError
+
+    fn = copy_blocks(grid, limit * 1024)
+    x = np.arange(128 * 128, dtype=np.float32).reshape(128, 128)
+    with CompileTarget.for_chip("v5p", devices=1).activate():
+        try:
+            jax.jit(fn).trace(jax.ShapeDtypeStruct(x.shape, x.dtype)).lower().compile()
+            compiles = True
+        except jax.errors.JaxRuntimeError:
+            compiles = False
+    with simulate("v5p", 1):
+        if compiles:
+            np.testing.assert_array_equal(np.asarray(jax.jit(fn)(x)), x)
+        else:
+            with pytest.raises(KernelCapacityError) as info:
+                jax.jit(fn)(x)
+            assert isinstance(info.value, jax.errors.JaxRuntimeError)  # as the compile fails
+            assert "BlockSpec blocks" in str(info.value)
+    # one step: each block once (128 KiB); two steps: double-buffered halves (128 KiB)
+    assert compiles == (limit >= 128)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from jax._src.pallas.mosaic.error_handling import MosaicError
 from jax.errors import JaxRuntimeError
 
-from coremesh.core.errors import CoremeshError, DeadlockError
+from coremesh.core.errors import CapacityError, CoremeshError, DeadlockError
 
 
 class SimulationDeadlock(DeadlockError):  # noqa: N818  (the name the project's API uses)
@@ -41,6 +41,17 @@ class SimulationDeadlock(DeadlockError):  # noqa: N818  (the name the project's 
         self.needed = needed
         self.blocked = blocked
         super().__init__(what, rule=rule, chip=chip, fix=fix)
+
+
+class KernelCapacityError(CapacityError, JaxRuntimeError):  # type: ignore[misc]
+    """A kernel's buffers over the chip's VMEM or SMEM, refused before it runs.
+
+    Also a ``JaxRuntimeError``: on a TPU the compile fails with one, and code written for the chip
+    (JAX's own tests do) expects it.
+    """
+
+    def __str__(self) -> str:  # JaxRuntimeError's own reads a field its __init__ would set
+        return self._format()
 
 
 class MosaicRefusalError(CoremeshError, MosaicError):

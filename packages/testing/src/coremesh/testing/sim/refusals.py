@@ -17,10 +17,14 @@ from typing import Any
 
 from coremesh.core.capacity import check_fits
 from coremesh.core.chips import Chip
-from coremesh.core.errors import CollectiveIdError, MeshError
+from coremesh.core.errors import CapacityError, CollectiveIdError, MeshError
 from coremesh.testing.sim.chip import SimulatedChip
 from coremesh.testing.sim.deadlock import semaphore_description
-from coremesh.testing.sim.errors import MosaicRefusalError, UnfinishedKernelError
+from coremesh.testing.sim.errors import (
+    KernelCapacityError,
+    MosaicRefusalError,
+    UnfinishedKernelError,
+)
 from coremesh.testing.sim.faults import register_kernel, user_location
 from coremesh.testing.sim.jaxprs import all_eqns
 
@@ -59,7 +63,13 @@ def check_devices(devices: int, chip: Chip, cores_per_device: int) -> None:
 
 
 def check_kernel(
-    jaxpr: Any, *, mesh: Any, compiler_params: Any, name: str | None, chip: SimulatedChip
+    jaxpr: Any,
+    *,
+    mesh: Any,
+    compiler_params: Any,
+    name: str | None,
+    chip: SimulatedChip,
+    grid_mapping: Any = None,
 ) -> None:
     """Refuse a kernel the chip would refuse; remember its name for fault reports."""
     from coremesh.testing.aot import validate
@@ -72,12 +82,20 @@ def check_kernel(
     inner = getattr(jaxpr, "jaxpr", jaxpr)
     vmem, smem = validate.scoped_bytes(inner, chip.chip, own=inner.invars, tiled=not sparsecore)
     what = f"{label}: scratch and pipeline buffers"
-    if sparsecore:
-        check_fits(vmem, chip.chip, "sparsecore_vmem", what=what)
-    else:
-        limit = validate._clamped(validate._vmem_limit(compiler_params), chip.chip)
-        check_fits(vmem, chip.chip, "vmem", vmem_limit_bytes=limit, what=what)
-    check_fits(smem, chip.chip, "smem", what=what)
+    if not sparsecore:
+        block_vmem, block_smem = block_bytes(grid_mapping, chip.chip)
+        vmem, smem = vmem + block_vmem, smem + block_smem
+        if block_vmem or block_smem:
+            what = f"{label}: its BlockSpec blocks, scratch and pipeline buffers"
+    try:
+        if sparsecore:
+            check_fits(vmem, chip.chip, "sparsecore_vmem", what=what)
+        else:
+            limit = validate._clamped(validate._vmem_limit(compiler_params), chip.chip)
+            check_fits(vmem, chip.chip, "vmem", vmem_limit_bytes=limit, what=what)
+        check_fits(smem, chip.chip, "smem", what=what)
+    except CapacityError as err:
+        raise KernelCapacityError(err.what, rule=err.rule, chip=err.chip, fix=err.fix) from None
     if not sparsecore:
         check_scalar_ops(inner, label, chip.name)
     if getattr(compiler_params, "collective_id", None) is None:
@@ -134,6 +152,35 @@ def check_scalar_ops(jaxpr: Any, label: str, chip: str) -> None:
                 fix=f"cast the scalar to int32 first (x.astype(jnp.int32)), compute, and cast "
                 f"back to {dtype} to store it",
             )
+
+
+def block_bytes(grid_mapping: Any, chip: Chip) -> tuple[int, int]:
+    """(VMEM, SMEM) bytes of a ``pallas_call``'s BlockSpec blocks, as Mosaic allocates them.
+
+    Each VMEM block takes its tile-padded size once when the grid has one step and twice
+    (double-buffered) when it has more, or its ``pipeline_mode=pl.Buffered(n)`` count; measured
+    with libtpu on v5p: (128, 128) f32 in and out with grid () compile at a 128 KiB VMEM limit and
+    fail at 96 KiB, and so do (64, 128) blocks with grid (2,).
+    """
+    import math
+
+    from coremesh.core.capacity import padded_nbytes
+
+    if grid_mapping is None:
+        return 0, 0
+    grid = tuple(getattr(grid_mapping, "grid", ()))
+    steps = math.prod(d if isinstance(d, int) else 2 for d in grid)
+    vmem = smem = 0
+    for bm in getattr(grid_mapping, "block_mappings", ()):
+        aval = bm.transformed_block_aval
+        space = str(getattr(aval, "memory_space", None)).lower()
+        shape = tuple(d if isinstance(d, int) else 1 for d in aval.shape)
+        if "smem" in space:
+            smem += math.prod(shape) * aval.dtype.itemsize
+        elif space.rpartition(".")[2] in ("none", "default", "vmem"):  # the default is VMEM
+            count = getattr(bm.pipeline_mode, "buffer_count", None) or (2 if steps > 1 else 1)
+            vmem += count * padded_nbytes(shape, aval.dtype, chip)
+    return vmem, smem
 
 
 def _narrow_int(aval: Any) -> Any:
@@ -237,6 +284,7 @@ def targets() -> list[tuple[Any, str, Any]]:
             compiler_params=kw.get("compiler_params"),
             name=kw.get("name"),
             chip=current(),
+            grid_mapping=kw.get("grid_mapping"),
         )
         return orig_call(*args, **kw)
 
