@@ -345,3 +345,43 @@ def test_blockspec_blocks_count_against_the_vmem_limit_as_the_compiler_counts_th
             assert "BlockSpec blocks" in str(info.value)
     # one step: each block once (128 KiB); two steps: double-buffered halves (128 KiB)
     assert compiles == (limit >= 128)
+
+
+@pytest.mark.parametrize("moves", [False, True])
+def test_a_window_that_stays_put_is_single_buffered_as_the_compiler_does(moves: bool) -> None:
+    from coremesh.testing.aot.topology import CompileTarget
+    from coremesh.testing.sim.errors import KernelCapacityError
+
+    window = 10 * MiB  # one fits v5p's 16 MiB scoped VMEM, two do not
+
+    def body(o_ref: Any) -> None:
+        o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
+
+    fn = pl.pallas_call(
+        body,
+        grid=(4, 1),
+        out_shape=jax.ShapeDtypeStruct((4 * window,), jnp.int8),
+        out_specs=pl.BlockSpec(
+            (window,), (lambda i, j: (i + j,)) if moves else (lambda i, j: (j,))
+        ),
+    )
+    with CompileTarget.for_chip("v5p", devices=1).activate():
+        try:
+            jax.jit(fn).trace().lower().compile()
+            compiles = True
+        except jax.errors.JaxRuntimeError:
+            compiles = False
+    assert compiles is not moves
+    with simulate("v5p", 1):
+        if compiles:
+            jax.block_until_ready(jax.jit(fn)())
+            return
+        with pytest.raises(KernelCapacityError) as info:
+            jax.jit(fn)()
+    text = str(info.value)
+    assert "needs 20.00 MiB of VMEM, which would exceed memory" in text
+    assert (
+        "output window allocation for operator output 0 (20.00 MiB). The window shape is "
+        f"i8[{window}], while the full shape is i8[{4 * window}]. This allocation has 2 "
+        "buffering levels." in text
+    )

@@ -132,6 +132,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "kernel_refusals",  # test_refusals.py
         "made_outside",  # test_uninitialized.py
         "uninitialized_reads",  # test_uninitialized.py
+        "poison_buffers",
         "fast_path",  # test_fast_path.py
     }
     assert covered == set(PATCH_NAMES)
@@ -514,3 +515,44 @@ def test_race_report(capfd: pytest.CaptureFixture[str]) -> None:
         simulate(devices=1, races=True, check_uninitialized=False) as sim,
     ):
         run_racy(sim)
+
+
+# poison_buffers ---------------------------------------------------------------------------
+
+
+def half_copied(dtype: Any) -> Any:
+    """The upper half of an (8, 128) block copied through a pipeline; the rest never written."""
+
+    def body(x_ref: Any, o_ref: Any) -> None:
+        o_ref[:4, :] = x_ref[:4, :]
+
+    def kernel(x_hbm: Any, o_hbm: Any) -> None:
+        pltpu.emit_pipeline(
+            body,
+            grid=(1,),
+            in_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
+            out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
+        )(x_hbm, o_hbm)
+
+    return pl.kernel(
+        kernel,
+        out_type=jax.ShapeDtypeStruct((8, 128), dtype),
+        mesh=jax_compat.tensorcore_mesh("core", num_cores=1),
+    )
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.int8])
+def test_poison_buffers(dtype: Any) -> None:
+    x = np.ones((8, 128), dtype)
+    lowest, highest = jnp.iinfo(dtype).min, jnp.iinfo(dtype).max
+    with pl.enable_poison_buffers(True):
+        with simulate("v5p", 1, disable_patches=["poison_buffers"]):
+            stock = np.asarray(jax.jit(half_copied(dtype))(x))
+        with simulate("v5p", 1):
+            fixed = np.asarray(jax.jit(half_copied(dtype))(x))
+    np.testing.assert_array_equal(stock[:4], x[:4])
+    assert (stock[4:] == highest).all()  # the interpreter's integer fill
+    np.testing.assert_array_equal(fixed[:4], x[:4])
+    assert (fixed[4:] == lowest).all()  # Mosaic's poison: what JAX's test_poison_buffers expects
+    with simulate("v5p", 1):  # poisoning off: the fill stays the interpreter's
+        assert (np.asarray(jax.jit(half_copied(dtype))(x))[4:] == highest).all()

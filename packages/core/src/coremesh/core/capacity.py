@@ -101,7 +101,8 @@ def check_fits(
                     "pipeline the data through VMEM (emit_pipeline)"
                 )
             raise CapacityError(
-                f"{what} needs {_mib(total_bytes)} of VMEM but the limit is {_mib(limit)}",
+                f"{what} needs {_mib(total_bytes)} of VMEM, which would exceed memory: the "
+                f"scoped limit is {_mib(limit)}",
                 rule=f"{c.name} scoped VMEM limit {_mib(limit)}, physical {_mib(physical)} "
                 "per TensorCore",
                 chip=c.name,

@@ -24,6 +24,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from coremesh.core import jax_compat, jax_versions
@@ -852,6 +853,26 @@ def _refusal_targets() -> list[tuple[Any, str, Any]]:
     return refusals.targets()
 
 
+def _poison_buffers_targets() -> list[tuple[Any, str, Any]]:
+    from jax._src.pallas import core as pallas_core
+    from jax._src.pallas.mosaic.interpret import utils
+
+    orig = utils.get_uninitialized_value
+
+    def get_uninitialized_value(dtype: Any, uninitialized_memory: Any) -> Any:
+        # Under jax_pallas_poison_buffers, Mosaic stores NaN, True or the smallest integer into
+        # every buffer it allocates (lowering.py _poison_memref); the chip's value for an integer.
+        if (
+            uninitialized_memory == "nan"
+            and pallas_core.poison_buffers_enabled()
+            and jnp.issubdtype(dtype, jnp.integer)
+        ):
+            return jnp.iinfo(dtype).min
+        return orig(dtype, uninitialized_memory)
+
+    return [(utils, "get_uninitialized_value", get_uninitialized_value)]
+
+
 def _schedule_targets() -> list[tuple[Any, str, Any]]:
     from coremesh.testing.sim import schedule
 
@@ -968,6 +989,13 @@ PATCHES: tuple[Patch, ...] = (
         "semaphore without a collective id, and a kernel that ends with a semaphore above zero "
         "or a DMA never waited (it only prints, interpret_pallas_call.py:310)",
         _refusal_targets,
+    ),
+    Patch(
+        "poison_buffers",
+        "with jax_pallas_poison_buffers on, Mosaic fills a fresh integer buffer with the smallest "
+        "integer (lowering.py _poison_memref); the interpreter fills it with the largest "
+        "(utils.py get_uninitialized_value)",
+        _poison_buffers_targets,
     ),
     Patch(
         "uninitialized_reads",

@@ -82,8 +82,9 @@ def check_kernel(
     inner = getattr(jaxpr, "jaxpr", jaxpr)
     vmem, smem = validate.scoped_bytes(inner, chip.chip, own=inner.invars, tiled=not sparsecore)
     what = f"{label}: scratch and pipeline buffers"
+    windows: list[tuple[int, str]] = []
     if not sparsecore:
-        block_vmem, block_smem = block_bytes(grid_mapping, chip.chip)
+        block_vmem, block_smem, windows = block_bytes(grid_mapping, chip.chip)
         vmem, smem = vmem + block_vmem, smem + block_smem
         if block_vmem or block_smem:
             what = f"{label}: its BlockSpec blocks, scratch and pipeline buffers"
@@ -95,7 +96,11 @@ def check_kernel(
             check_fits(vmem, chip.chip, "vmem", vmem_limit_bytes=limit, what=what)
         check_fits(smem, chip.chip, "smem", what=what)
     except CapacityError as err:
-        raise KernelCapacityError(err.what, rule=err.rule, chip=err.chip, fix=err.fix) from None
+        # Named as XLA names them when the compile runs out of VMEM, largest first.
+        listed = "".join(f"; {text}" for _, text in sorted(windows, key=lambda w: -w[0])[:8])
+        raise KernelCapacityError(
+            err.what + listed, rule=err.rule, chip=err.chip, fix=err.fix
+        ) from None
     if not sparsecore:
         check_scalar_ops(inner, label, chip.name)
     if getattr(compiler_params, "collective_id", None) is None:
@@ -154,33 +159,80 @@ def check_scalar_ops(jaxpr: Any, label: str, chip: str) -> None:
             )
 
 
-def block_bytes(grid_mapping: Any, chip: Chip) -> tuple[int, int]:
-    """(VMEM, SMEM) bytes of a ``pallas_call``'s BlockSpec blocks, as Mosaic allocates them.
+def block_bytes(grid_mapping: Any, chip: Chip) -> tuple[int, int, list[tuple[int, str]]]:
+    """(VMEM, SMEM) bytes of a ``pallas_call``'s BlockSpec blocks, as Mosaic allocates them, and
+    each VMEM window's (bytes, description) in XLA's words.
 
-    Each VMEM block takes its tile-padded size once when the grid has one step and twice
-    (double-buffered) when it has more, or its ``pipeline_mode=pl.Buffered(n)`` count; measured
-    with libtpu on v5p: (128, 128) f32 in and out with grid () compile at a 128 KiB VMEM limit and
-    fail at 96 KiB, and so do (64, 128) blocks with grid (2,).
+    A VMEM block takes its tile-padded size twice (double-buffered) when its window moves, i.e.
+    when its index map reads a grid index whose dimension has more than one step, and once when
+    it stays put; ``pipeline_mode=pl.Buffered(n)`` sets the count. Measured with libtpu on v5p:
+    (128, 128) f32 in and out with grid () compile at a 128 KiB VMEM limit and fail at 96 KiB, and
+    so do (64, 128) blocks with grid (2,); JAX's ``test_automatic_single_buffering`` checks the
+    window rule.
     """
     import math
 
     from coremesh.core.capacity import padded_nbytes
 
     if grid_mapping is None:
-        return 0, 0
+        return 0, 0, []
     grid = tuple(getattr(grid_mapping, "grid", ()))
-    steps = math.prod(d if isinstance(d, int) else 2 for d in grid)
+    inputs = int(getattr(grid_mapping, "num_inputs", 0))
+    prefetch = int(getattr(grid_mapping, "num_index_operands", 0))
     vmem = smem = 0
-    for bm in getattr(grid_mapping, "block_mappings", ()):
+    windows: list[tuple[int, str]] = []
+    for n, bm in enumerate(getattr(grid_mapping, "block_mappings", ())):
         aval = bm.transformed_block_aval
         space = str(getattr(aval, "memory_space", None)).lower()
         shape = tuple(d if isinstance(d, int) else 1 for d in aval.shape)
         if "smem" in space:
             smem += math.prod(shape) * aval.dtype.itemsize
         elif space.rpartition(".")[2] in ("none", "default", "vmem"):  # the default is VMEM
-            count = getattr(bm.pipeline_mode, "buffer_count", None) or (2 if steps > 1 else 1)
-            vmem += count * padded_nbytes(shape, aval.dtype, chip)
-    return vmem, smem
+            count = getattr(bm.pipeline_mode, "buffer_count", None)
+            if count is None:
+                count = 2 if _window_moves(bm.index_map_jaxpr, grid) else 1
+            size = count * padded_nbytes(shape, aval.dtype, chip)
+            vmem += size
+            kind = "input" if n < inputs else "output"
+            role = f"input {prefetch + n}" if n < inputs else f"output {n - inputs}"
+            full = bm.array_aval
+            levels = "is single buffered" if count == 1 else f"has {count} buffering levels"
+            windows.append(
+                (
+                    size,
+                    f"{kind} window allocation for operator {role} "
+                    f"({_mib_text(size)}). The window shape is {_short(aval)}, while the full "
+                    f"shape is {_short(full)}. This allocation {levels}.",
+                )
+            )
+    return vmem, smem, windows
+
+
+def _short(aval: Any) -> str:
+    """``f32[1024,8192]``, as XLA writes a shape."""
+    import numpy as np
+    from jax._src import dtypes
+
+    dtype = np.dtype(aval.dtype)
+    name = dtypes.short_dtype_name(dtype)
+    return f"{name}[{','.join(str(d) for d in aval.shape)}]"
+
+
+def _mib_text(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def _window_moves(index_map: Any, grid: tuple[Any, ...]) -> bool:
+    """Does the block index read a grid index whose dimension has more than one step?"""
+    jaxpr = getattr(index_map, "jaxpr", index_map)
+    needed = {v for v in jaxpr.outvars if not hasattr(v, "val")}
+    for eqn in reversed(jaxpr.eqns):
+        if any(v in needed for v in eqn.outvars):
+            needed.update(v for v in eqn.invars if not hasattr(v, "val"))
+    for dim, var in zip(grid, jaxpr.invars, strict=False):  # then the scalar prefetch refs
+        if var in needed and not (isinstance(dim, int) and dim <= 1):
+            return True
+    return False
 
 
 def _narrow_int(aval: Any) -> Any:
