@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -243,7 +244,11 @@ def scalar_op(op: Any, dtype: Any) -> Any:
     )
 
 
-SCALAR_OPS = {"add": jnp.add, "max": jnp.maximum, "shift": jnp.left_shift}
+SCALAR_OPS: dict[str, Callable[[Any, Any], Any]] = {
+    "add": jnp.add,
+    "max": jnp.maximum,
+    "shift": jnp.left_shift,
+}
 
 
 def compiles_for_v5p(fn: Any, dtype: Any) -> bool:

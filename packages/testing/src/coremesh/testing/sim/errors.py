@@ -54,7 +54,7 @@ class KernelCapacityError(CapacityError, JaxRuntimeError):  # type: ignore[misc]
         return self._format()
 
 
-class MosaicRefusalError(CoremeshError, MosaicError):
+class MosaicRefusalError(CoremeshError, MosaicError):  # type: ignore[misc]
     """A kernel Mosaic's compiler refuses, refused before it runs, with Mosaic's words.
 
     Also a ``MosaicError``: code that expects the compiler's rejection on a TPU (JAX's own tests
