@@ -274,13 +274,18 @@ def _bench(session: nox.Session, line: Line) -> None:
     session.log(f"results in {out}")
 
 
+def _corpus() -> Path:
+    """Where JAX's test trees are: ``$COREMESH_UPSTREAM_TESTS``, else beside the repository."""
+    return Path(os.environ.get("COREMESH_UPSTREAM_TESTS") or ROOT.parent / "shared" / "upstream")
+
+
 def _upstream(session: nox.Session, line: Line) -> None:
     testing = ROOT / "packages" / "testing"
     _install(session, line, "testing", with_tests=True, extra=(f"{testing}[upstream]",))
     _report_jax(session, line)
     # JAX's test trees live beside the repository; the command runs the one nearest this line's
     # jax. Every line writes to upstream-results/, its tables named after its jax.
-    corpus = os.environ.get("COREMESH_UPSTREAM_TESTS") or str(ROOT.parent / "shared" / "upstream")
+    corpus = str(_corpus())
     out = ROOT / "upstream-results"
     session.run(
         "coremesh", "upstream", "--jax-tests", corpus, "--out", str(out), *session.posargs,
@@ -293,6 +298,26 @@ def _upstream(session: nox.Session, line: Line) -> None:
         env=LIBTPU_ENV,
     )  # fmt: skip
     session.log(f"results in {out}")
+
+
+def _upstream_subset(session: nox.Session, line: Line) -> None:
+    corpus = _corpus()
+    if not corpus.is_dir():
+        session.error(
+            f"no JAX test corpus at {corpus}: point COREMESH_UPSTREAM_TESTS at a folder of JAX "
+            "test trees (such as ../shared/upstream)"
+        )
+    testing = ROOT / "packages" / "testing"
+    _install(session, line, "testing", with_tests=True, extra=(f"{testing}[upstream]",))
+    _report_jax(session, line)
+    # The fixed subset of the tree nearest this line (tests/upstream/ci-subset/<tree>.txt):
+    # every listed test must pass on the simulator.
+    session.run(
+        "coremesh", "upstream", "--jax-tests", str(corpus), "--mode", "sim", "--timeout", "120",
+        "--subset", str(testing / "tests" / "upstream" / "ci-subset"),
+        "--out", str(ROOT / "upstream-results" / f"subset-{line.name}"), *session.posargs,
+        env=LIBTPU_ENV,
+    )  # fmt: skip
 
 
 def _typecheck(session: nox.Session, line: Line) -> None:
@@ -324,6 +349,10 @@ UPSTREAM_DOC = (
     "JAX's own Pallas TPU tests (the test tree nearest the line) on the simulator and in stock "
     "interpret mode, then the TPU guides' code cells; per-file and per-cell tables in "
     "upstream-results/ (-- --files NAME ... --mode sim)"
+)
+UPSTREAM_SUBSET_DOC = (
+    "The fixed subset of JAX's tests CI runs (tests/upstream/ci-subset/): each must pass on the "
+    "simulator"
 )
 
 
@@ -370,6 +399,7 @@ def _register_all() -> None:
         ("typecheck", _typecheck, TYPECHECK_DOC),
         ("bench", _bench, BENCH_DOC),
         ("upstream", _upstream, UPSTREAM_DOC),
+        ("upstream_subset", _upstream_subset, UPSTREAM_SUBSET_DOC),
     ]
     _register_tests("tests", DEFAULT, newest=True, tags=[])
     for kind, body, doc in kinds:
