@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import jax.numpy as jnp
+
 from coremesh.core.capacity import check_fits
 from coremesh.core.chips import Chip
 from coremesh.core.errors import CapacityError, CollectiveIdError, MeshError
@@ -102,7 +104,7 @@ def check_kernel(
             err.what + listed, rule=err.rule, chip=err.chip, fix=err.fix
         ) from None
     if not sparsecore:
-        check_scalar_ops(inner, label, chip.name)
+        check_integer_ops(inner, label, chip.name)
     if getattr(compiler_params, "collective_id", None) is None:
         for eqn in _barrier_uses(inner):
             where = user_location(eqn.source_info)
@@ -129,34 +131,63 @@ _SCALAR_INT_OPS = frozenset(
         "integer_pow", "clamp",
     }
 )  # fmt: skip
+#: Scalar ops with an ``arith`` op of their own in Mosaic's message (neg lowers to subi).
+_ARITH_NAMES = {"add": "addi", "sub": "subi", "mul": "muli", "neg": "subi"}
+#: Vector integer arithmetic Mosaic takes on i16 and i32 lanes only (max, min, bitwise ops,
+#: shifts, compares and selects compile on 4- and 8-bit lanes).
+_VECTOR_INT16_OPS = frozenset({"add", "sub", "mul", "neg"})
 
 
-def check_scalar_ops(jaxpr: Any, label: str, chip: str) -> None:
-    """Refuse integer arithmetic or comparisons on sub-32-bit scalars in a TensorCore kernel.
+def check_integer_ops(jaxpr: Any, label: str, chip: str) -> None:
+    """Refuse the narrow-integer arithmetic Mosaic refuses in a TensorCore kernel.
 
-    Mosaic refuses them on every chip (measured: v5e, v5p, v6e and TPU7x, jax 0.10.2 and
-    0.12.0.1: "Only i1 and i32 scalars are supported", "Only i32 arith.addi is supported"),
-    while the interpreter computes them in numpy.
+    Measured with libtpu on v5e, v5p, v6e and TPU7x (jax 0.10.2 and 0.12.0.1): any arithmetic or
+    comparison on a scalar narrower than 32 bits ("Only i1 and i32 scalars are supported", "Only
+    i32 arith.addi is supported"), and add, subtract, multiply and negate on vectors of 4- or
+    8-bit integers ("Only vector<i16> and vector<i32> are supported"). The interpreter computes
+    all of them in numpy.
     """
     for eqn in all_eqns(jaxpr):
-        if eqn.primitive.name not in _SCALAR_INT_OPS:
+        name = eqn.primitive.name
+        if name not in _SCALAR_INT_OPS:
             continue
-        if any(getattr(getattr(v, "aval", None), "shape", None) != () for v in eqn.outvars):
-            continue  # a vector op (a scalar operand is broadcast): the vector unit's business
-        for var in (*eqn.invars, *eqn.outvars):
-            dtype = _narrow_int(getattr(var, "aval", None))
+        outs = [getattr(v, "aval", None) for v in eqn.outvars]
+        if all(getattr(a, "shape", None) == () for a in outs):
+            dtype = next(
+                (d for d in map(_narrow_int, (*eqn.invars, *eqn.outvars)) if d is not None), None
+            )
             if dtype is None:
                 continue
-            where = user_location(eqn.source_info)
-            raise MosaicRefusalError(
-                f"{label}: Not implemented: Only i1 and i32 scalars are supported; "
-                f"'{eqn.primitive.name}' on a {dtype} scalar" + (f" at {where}" if where else ""),
-                rule="a TensorCore's scalar unit computes on 32-bit integers (and bools) only; "
-                "Mosaic refuses integer arithmetic and comparisons on narrower scalars",
-                chip=chip,
-                fix=f"cast the scalar to int32 first (x.astype(jnp.int32)), compute, and cast "
-                f"back to {dtype} to store it",
+            bits = jnp.iinfo(dtype).bits
+            if name in _ARITH_NAMES:
+                words = (
+                    f"Only i32 arith.{_ARITH_NAMES[name]} is supported, but got 'i{bits}'. "
+                    "Please cast your input to i32."
+                )
+            else:
+                words = "Only i1 and i32 scalars are supported."
+            unit = f"'{name}' on a {dtype} scalar"
+        elif name in _VECTOR_INT16_OPS:
+            dtype = next((_narrow_int(a, below=16, vector=True) for a in outs), None)
+            if dtype is None:
+                continue
+            bits = jnp.iinfo(dtype).bits
+            words = (
+                f"Only vector<i16> and vector<i32> are supported, but got 'i{bits}'. "
+                "Please cast your input."
             )
+            unit = f"'{name}' on a {dtype} vector"
+        else:
+            continue
+        where = user_location(eqn.source_info)
+        raise MosaicRefusalError(
+            f"{label}: Not implemented: {words} ({unit}" + (f" at {where})" if where else ")"),
+            rule="a TensorCore computes integer arithmetic on 32-bit scalars (and bools) and on "
+            "16- or 32-bit vector lanes; Mosaic refuses narrower ones",
+            chip=chip,
+            fix="cast to int32 first (x.astype(jnp.int32)), compute, and cast back to "
+            f"{dtype} to store",
+        )
 
 
 def block_bytes(grid_mapping: Any, chip: Chip) -> tuple[int, int, list[tuple[int, str]]]:
@@ -235,14 +266,15 @@ def _window_moves(index_map: Any, grid: tuple[Any, ...]) -> bool:
     return False
 
 
-def _narrow_int(aval: Any) -> Any:
-    """The dtype of a scalar integer ``aval`` narrower than 32 bits (int4 to int16), else None."""
-    import jax.numpy as jnp
-
+def _narrow_int(value: Any, *, below: int = 32, vector: bool = False) -> Any:
+    """The dtype of an integer (a var or an aval) narrower than ``below`` bits, scalar (or,
+    with ``vector``, not scalar); else None."""
+    aval = getattr(value, "aval", value)
     dtype = getattr(aval, "dtype", None)
-    if getattr(aval, "shape", None) != () or dtype is None:
+    shape = getattr(aval, "shape", None)
+    if dtype is None or shape is None or (shape == ()) is vector:
         return None
-    if not jnp.issubdtype(dtype, jnp.integer) or jnp.iinfo(dtype).bits >= 32:
+    if not jnp.issubdtype(dtype, jnp.integer) or jnp.iinfo(dtype).bits >= below:
         return None
     return dtype
 
