@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from coremesh.testing.upstream.guide_run import CELL_STATUSES, CellResult, GuideRun
+from coremesh.testing.upstream.report import tree_json
 from coremesh.testing.upstream.tree import TestTree
 
 
@@ -51,8 +52,7 @@ def markdown(runs: Sequence[GuideRun], tree: TestTree, jax_version: str) -> str:
 def to_json(runs: Sequence[GuideRun], tree: TestTree, jax_version: str) -> str:
     doc: dict[str, Any] = {
         "jax": jax_version,
-        "tree": {"root": str(tree.root), "commit": tree.commit, "release": tree.release,
-                 "post": tree.post},
+        "tree": tree_json(tree),
         "guides": [
             {
                 "guide": r.guide, "chip": r.chip, "devices": r.devices, "path": r.path,

@@ -69,11 +69,20 @@ def markdown(runs: Sequence[FileRun], tree: TestTree, jax_version: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def tree_json(tree: TestTree) -> dict[str, Any]:
+    """A test tree as the JSON tables record it."""
+    return {
+        "root": str(tree.root),
+        "commit": tree.commit,
+        "release": tree.release,
+        "post": tree.post,
+    }
+
+
 def to_json(runs: Sequence[FileRun], tree: TestTree, jax_version: str) -> str:
     doc: dict[str, Any] = {
         "jax": jax_version,
-        "tree": {"root": str(tree.root), "commit": tree.commit, "release": tree.release,
-                 "post": tree.post},
+        "tree": tree_json(tree),
         "files": [
             {
                 "file": r.file,
