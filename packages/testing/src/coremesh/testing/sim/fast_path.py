@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from coremesh.testing.sim import compiled, shadow
-from coremesh.testing.sim.jaxprs import all_eqns
+from coremesh.testing.sim.jaxprs import all_eqns, memory_space
 
 COMPILED = "compiled"
 
@@ -74,11 +74,6 @@ def _pallas_primitives() -> frozenset[Any]:
     return frozenset(p for p in found if p.name not in _ALLOWED_PALLAS)
 
 
-def _space(aval: Any) -> str:
-    space = getattr(aval, "memory_space", None)
-    return str(space).lower().rsplit(".", 1)[-1] if space is not None else "none"
-
-
 def _dtype(aval: Any) -> Any:
     return getattr(getattr(aval, "inner_aval", aval), "dtype", None)
 
@@ -121,7 +116,7 @@ def why_interpreted(kw: dict[str, Any], params: Any) -> str | None:
     scratch = inner.invars[first_in + len(gm.block_mappings) :]
     fresh = [v.aval for v in inner.invars[first_in + n_in :]]
     for aval in (v.aval for v in scratch):
-        if _space(aval) not in _MEMORY_SPACES or _is_semaphore(_dtype(aval)):
+        if memory_space(aval) not in _MEMORY_SPACES or _is_semaphore(_dtype(aval)):
             return f"scratch of kind {aval} (semaphores and HBM scratch need the interpreter)"
     reason = _body(inner, inputs)
     if reason:
@@ -157,7 +152,7 @@ def _blocks(gm: Any, checked: bool) -> str | None:
     n_in = len(gm.block_mappings) - gm.num_outputs
     for k, bm in enumerate(gm.block_mappings):
         what = f"operand {k}" if k < n_in else f"output {k - n_in}"
-        space = _space(bm.block_aval)
+        space = memory_space(bm.block_aval)
         if space not in _MEMORY_SPACES:
             return f"{what} in {space} memory (reached by DMA)"
         for bd in bm.block_shape:
@@ -196,7 +191,7 @@ def _body(jaxpr: Any, inputs: list[Any]) -> str | None:
                     return f"a ref transform ({type(t).__name__})"
         if prim.name == "run_scoped":
             for v in eqn.params["jaxpr"].invars:
-                if _space(v.aval) not in _MEMORY_SPACES or _is_semaphore(_dtype(v.aval)):
+                if memory_space(v.aval) not in _MEMORY_SPACES or _is_semaphore(_dtype(v.aval)):
                     return f"run_scoped of {v.aval} (semaphores and HBM scratch)"
     written = {
         e.input

@@ -282,20 +282,27 @@ def _dma_parts(
     )
 
 
-def _lookup(
-    sm: Any, space: Any, buffer_id: Any, device: int | None, core: int | None
-) -> tuple[str, int | None, Any]:
-    """(memory space name, buffer id, the interpreter's buffer or None)."""
+def buffer_key(
+    space: Any, buffer_id: Any, device: int | None, core: int | None
+) -> tuple[str, int | None, int | None, int | None]:
+    """The interpreter's key of a buffer in its shared memory: (memory space name, buffer id,
+    device, core; the core is 0 in HBM, which the device's cores share)."""
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
     space_i = _int(space)
     space_name = ipc.TPU_MEMORY_SPACE_NAMES.get(space_i, str(space)) if space_i is not None else "?"
-    bid = _int(buffer_id)
-    local = 0 if space_name in ("any", "hbm") else core
+    return space_name, _int(buffer_id), device, 0 if space_name in ("any", "hbm") else core
+
+
+def _lookup(
+    sm: Any, space: Any, buffer_id: Any, device: int | None, core: int | None
+) -> tuple[str, int | None, Any]:
+    """(memory space name, buffer id, the interpreter's buffer or None)."""
+    key = buffer_key(space, buffer_id, device, core)
     try:
-        return space_name, bid, sm.mem[(space_name, bid, device, local)]
+        return key[0], key[1], sm.mem[key]
     except Exception:
-        return space_name, bid, None
+        return key[0], key[1], None
 
 
 def _buffer_shape(

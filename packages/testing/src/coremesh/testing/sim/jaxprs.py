@@ -1,4 +1,5 @@
-"""Walking a kernel's jaxpr: the simulator's checks look at every equation, nested ones too."""
+"""Walking a kernel's jaxpr: the simulator's checks look at every equation, nested ones too,
+and at the memory space of each ref."""
 
 from __future__ import annotations
 
@@ -21,3 +22,10 @@ def all_eqns(jaxpr: Any) -> list[Any]:
                     if hasattr(sub, "eqns"):
                         stack.append(sub)
     return out
+
+
+def memory_space(aval: Any) -> str:
+    """The memory space of a ref's aval, as a lower-case name: ``"vmem"``, ``"smem"``,
+    ``"any"``, ...; ``"none"`` or ``"default"`` where the kernel left it to the default."""
+    space = getattr(aval, "memory_space", None)
+    return str(space).lower().rsplit(".", 1)[-1] if space is not None else "none"

@@ -28,7 +28,7 @@ from coremesh.testing.sim.errors import (
     UnfinishedKernelError,
 )
 from coremesh.testing.sim.faults import register_kernel, user_location
-from coremesh.testing.sim.jaxprs import all_eqns
+from coremesh.testing.sim.jaxprs import all_eqns, memory_space
 
 #: Host CPU devices the simulator runs at most. Each is one XLA CPU device with its own threads,
 #: and a simulated core blocked on a semaphore holds one: measured on a 2-CPU, 23 GiB machine,
@@ -214,11 +214,11 @@ def block_bytes(grid_mapping: Any, chip: Chip) -> tuple[int, int, list[tuple[int
     windows: list[tuple[int, str]] = []
     for n, bm in enumerate(getattr(grid_mapping, "block_mappings", ())):
         aval = bm.transformed_block_aval
-        space = str(getattr(aval, "memory_space", None)).lower()
+        space = memory_space(aval)
         shape = tuple(d if isinstance(d, int) else 1 for d in aval.shape)
-        if "smem" in space:
+        if space == "smem":
             smem += math.prod(shape) * aval.dtype.itemsize
-        elif space.rpartition(".")[2] in ("none", "default", "vmem"):  # the default is VMEM
+        elif space in ("none", "default", "vmem"):  # the default is VMEM
             count = getattr(bm.pipeline_mode, "buffer_count", None)
             if count is None:
                 count = 2 if _window_moves(bm.index_map_jaxpr, grid) else 1

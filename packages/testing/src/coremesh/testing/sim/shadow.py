@@ -444,9 +444,9 @@ def _dma_targets(ipc: Any, memory: Any) -> list[tuple[Any, str, Any]]:
 
 def _mark_pending(sm: Any, ipc: Any, dma: Any) -> None:
     """The unwritten elements of a started DMA's destination become pending."""
-    space = ipc.TPU_MEMORY_SPACE_NAMES[int(dma.dst_memory_space)]
-    core = ipc._local_core_id_or_zero_if_hbm(int(dma.dst_local_core_id), space)
-    key = (space, int(dma.dst_buffer_id), int(dma.dst_device_id), core)
+    key = faults.buffer_key(
+        dma.dst_memory_space, dma.dst_buffer_id, int(dma.dst_device_id), int(dma.dst_local_core_id)
+    )
     written = _maps(sm).get(key)
     if written is None:
         return

@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -24,18 +23,16 @@ from typing import Any, Literal
 
 from coremesh.core.chips import get_chip
 from coremesh.core.errors import CoremeshError
-from coremesh.testing.upstream.events import first_line
 from coremesh.testing.upstream.guide_cells import Cell, extract
 from coremesh.testing.upstream.guide_checks import compare_output, difference_failure
 from coremesh.testing.upstream.guides import Guide, apply_changes
+from coremesh.testing.upstream.run import last_line, quiet_environment
 from coremesh.testing.upstream.tree import TestTree
 
 CellStatus = Literal["pass", "fail", "hang", "skip"]
 CELL_STATUSES: tuple[CellStatus, ...] = ("pass", "fail", "hang", "skip")
 #: Seconds between SIGUSR1 (stack dump) and SIGKILL when a cell hangs.
 DUMP_GRACE_S = 3.0
-
-_DEVICE_FLAG = re.compile(r"--xla_force_host_platform_device_count=\d+")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,17 +84,6 @@ def guide_cells(tree: TestTree, guide: Guide) -> list[Cell]:
             fix="pass a JAX tree cut with its docs (../shared/upstream/jax-0.10.2)",
         )
     return extract(path.read_text(encoding="utf-8"))
-
-
-def child_environment() -> dict[str, str]:
-    """libtpu quiet, CPU only; the host device count left for ``simulate()`` to choose."""
-    from coremesh.testing import libtpu_env
-
-    env = libtpu_env.child_environment()
-    env["XLA_FLAGS"] = _DEVICE_FLAG.sub("", env.get("XLA_FLAGS", "")).strip()
-    env.pop("JAX_NUM_CPU_DEVICES", None)
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    return env
 
 
 def _read_events(path: Path) -> tuple[dict[int, dict[str, Any]], int | None]:
@@ -161,11 +147,6 @@ def _finish(cell: Cell, event: dict[str, Any], changes: tuple[str, ...]) -> Cell
     )  # fmt: skip
 
 
-def _last_line(path: Path) -> str:
-    lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    return first_line(lines[-1]) if lines else "no output"
-
-
 def run_guide(
     tree: TestTree,
     guide: Guide,
@@ -200,7 +181,7 @@ def run_guide(
     }
     lost: set[int] = set()  # cells that hung or took their child down: not run again
     started = time.perf_counter()
-    env = child_environment()
+    env = quiet_environment()
     while True:
         todo = [c for c in cells if c.index not in done]
         if not todo:
@@ -252,7 +233,7 @@ def run_guide(
                 done[i] = CellResult(
                     cell.index, cell.line, "fail",
                     f"not run: the guide's process ended first (exit code {proc.returncode}): "
-                    + _last_line(log_path),
+                    + last_line(log_path.read_text(errors="replace")),
                     0.0, changes, cell.dropped,
                 )  # fmt: skip
     run.cells = [done[c.index] for c in cells]

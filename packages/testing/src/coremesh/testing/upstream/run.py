@@ -75,17 +75,24 @@ def select_files(tree: TestTree, patterns: Sequence[str] = ()) -> list[Path]:
     return [f for f in files if any(fnmatch.fnmatchcase(f.name, p) for p in wanted)]
 
 
-def child_environment(mode: Mode, file_name: str) -> dict[str, str]:
-    """The child's environment: libtpu quiet, CPU only, and its host device count fixed before
-    jax starts (the simulator's 16, or as many as the file's tests need in stock mode)."""
+def quiet_environment() -> dict[str, str]:
+    """A child's environment: libtpu quiet, CPU only, no host device count of this process's
+    (the child, or the ``simulate()`` in it, sets its own)."""
     from coremesh.testing import libtpu_env
 
     env = libtpu_env.child_environment()
-    count = SIM_HOST_DEVICES if mode == "sim" else most_devices(file_name)
-    flags = _DEVICE_FLAG.sub("", env.get("XLA_FLAGS", "")).strip()
-    env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+    env["XLA_FLAGS"] = _DEVICE_FLAG.sub("", env.get("XLA_FLAGS", "")).strip()
     env.pop("JAX_NUM_CPU_DEVICES", None)
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # the tree may be shared or read-only
+    return env
+
+
+def child_environment(mode: Mode, file_name: str) -> dict[str, str]:
+    """A test file's child: :func:`quiet_environment` with its host device count fixed before
+    jax starts (the simulator's 16, or as many as the file's tests need in stock mode)."""
+    env = quiet_environment()
+    count = SIM_HOST_DEVICES if mode == "sim" else most_devices(file_name)
+    env["XLA_FLAGS"] = f"{env['XLA_FLAGS']} --xla_force_host_platform_device_count={count}".strip()
     return env
 
 
@@ -185,7 +192,7 @@ def run_file(
             elif got.collected is None and not run.results:
                 tail = _log_text(log_path, offset)
                 why = "stopped: no output" if stopped else f"exit code {proc.returncode}"
-                run.not_run = f"pytest ended before collecting ({why}): {_last_line(tail)}"
+                run.not_run = f"pytest ended before collecting ({why}): {last_line(tail)}"
             break
         text = _log_text(log_path, offset)
         if stopped:
@@ -195,7 +202,7 @@ def run_file(
             status, message = "hang", f"no result within {timeout:g} s (pytest-timeout)"
         else:
             status = "error"
-            message = f"the test process ended (exit code {proc.returncode}): {_last_line(text)}"
+            message = f"the test process ended (exit code {proc.returncode}): {last_line(text)}"
         run.results.append(TestResult(got.unfinished, status, message))
         done.append(got.unfinished)
         if got.collected is not None and set(got.collected) <= set(done):
@@ -210,7 +217,8 @@ def _log_text(path: Path, offset: int) -> str:
         return f.read().decode("utf-8", errors="replace")
 
 
-def _last_line(text: str) -> str:
+def last_line(text: str) -> str:
+    """The last non-blank line of a child's output, as a one-line message."""
     lines = [ln for ln in text.splitlines() if ln.strip()]
     return first_line(lines[-1]) if lines else "no output"
 
