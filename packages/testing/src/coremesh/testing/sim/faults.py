@@ -265,6 +265,16 @@ def _dma_parts(
     src_b = _buffer(sm, src[0], src[1], _int(src[2]), _int(src_core))
     dst_b = _buffer(sm, dst[0], dst[1], dst_dev, _int(dst_core))
     ranges = f"source {_range(src_t)}, destination {_range(dst_t)}"
+    if "out-of-bounds" in message.lower():  # the interpreter's words, before its "shape"
+        return (
+            "a DMA out of bounds",
+            f"from {src_b} to {dst_b}",
+            ranges,
+            "a DMA's source and destination windows lie inside their refs; the chip does not "
+            "check, and reads or overwrites other memory",
+            "keep each pl.ds(start, size) of the DMA within its ref (clamp the start, or size "
+            "the buffer for the largest window)",
+        )
     if "shape" in message.lower() or "broadcast" in message.lower():
         return (
             "a DMA between refs of different shapes",
