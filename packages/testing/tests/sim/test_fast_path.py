@@ -81,12 +81,23 @@ def test_shipped_kernels_run_compiled_and_match_the_interpreter(name: str) -> No
     np.testing.assert_allclose(results[True], results[False], atol=1e-5, rtol=1e-5)
 
 
-def test_guide_kernels_over_a_core_mesh_are_interpreted_and_say_why() -> None:
-    program = PROGRAMS["add_one"]
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("add_one", "compiled"),
+        ("indexed_add_one", "interpreted: a int32 output or scratch buffer"),
+        ("swap_kernel", "interpreted: get_barrier_semaphore"),
+        ("sc_add_one", "interpreted: a kernel over a named grid of cores"),
+    ],
+)
+def test_guide_kernels_over_a_core_mesh_take_the_path_they_can_and_say_why(
+    name: str, reason: str
+) -> None:
+    program = PROGRAMS[name]
     with simulate("v5p", 1, fast_path=True) as sim:
         mesh = sim.mesh()
         sim.run(program.build(mesh), *program.make_inputs(mesh))
-    assert only_path(sim).startswith("interpreted: a kernel over a core mesh")
+    assert only_path(sim).startswith(reason)
 
 
 def copy_by_dma(x_ref: Any, o_ref: Any) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from coremesh.testing.sim import compiled, shadow
+from coremesh.testing.sim import compiled, compiled_mesh, shadow
 from coremesh.testing.sim.jaxprs import all_eqns, memory_space
 
 COMPILED = "compiled"
@@ -95,8 +95,12 @@ def why_interpreted(kw: dict[str, Any], params: Any) -> str | None:
     if own:
         return f"the call's own InterpretParams set {', '.join(sorted(own))}"
     gm, jaxpr = kw["grid_mapping"], kw["jaxpr"]
-    if kw.get("mesh") is not None or getattr(gm, "grid_names", None):
-        return "a kernel over a core mesh (pl.kernel / core_map): its cores run in the interpreter"
+    checked = "uninitialized_reads" not in getattr(params, "patches_off", frozenset())
+    zero_fill = getattr(params, "uninitialized_memory", "nan") == "zero"
+    if kw.get("mesh") is not None:
+        return compiled_mesh.why_interpreted(kw, checked, zero_fill)
+    if getattr(gm, "grid_names", None):
+        return "a kernel over a named grid of cores (pl.kernel / core_map): the interpreter's"
     if gm.num_dynamic_grid_bounds:
         return "a grid whose size is known only at run time"
     if gm.vmapped_dims or gm.local_grid_env is not None:
@@ -105,7 +109,6 @@ def why_interpreted(kw: dict[str, Any], params: Any) -> str | None:
         return "input_output_aliases (an output that is an input)"
     if getattr(jaxpr, "constvars", ()):
         return "a kernel that closes over constants"
-    checked = "uninitialized_reads" not in getattr(params, "patches_off", frozenset())
     reason = _blocks(gm, checked)
     if reason:
         return reason
@@ -123,7 +126,7 @@ def why_interpreted(kw: dict[str, Any], params: Any) -> str | None:
         return reason
     fresh += [v.aval for eqn in _scoped(inner) for v in eqn.params["jaxpr"].invars]
     if checked:
-        if getattr(params, "uninitialized_memory", "nan") == "zero" and fresh:
+        if zero_fill and fresh:
             return (
                 "uninitialized_memory='zero' with the uninitialized-read check on (a zero fill "
                 "carries no taint)"
@@ -240,6 +243,10 @@ def _note(kernel: str, path: str) -> None:
     PATHS.note(kernel, path)
 
 
+def _note_fallback(kernel: str, flag: Any) -> None:
+    PATHS.note(kernel, f"compiled, then interpreted: {compiled_mesh.reasons(flag)}")
+
+
 def targets() -> list[tuple[Any, str, Any]]:
     """The interpreter's kernel entry, choosing the path; the checked discharge rules."""
     import jax
@@ -256,6 +263,18 @@ def targets() -> list[tuple[Any, str, Any]]:
             jax.debug.callback(functools.partial(_note, label, path))
         if reason is not None:
             return orig_call(*args, interpret_params=interpret_params, **kw)
+        taint = "uninitialized_reads" not in interpret_params.patches_off
+        if kw.get("mesh") is not None:
+            return compiled_mesh.run(
+                *args,
+                kw=kw,
+                fill=functools.partial(
+                    compiled.fill, taint=taint, mode=interpret_params.uninitialized_memory
+                ),
+                taint=taint,
+                interpreted=functools.partial(orig_call, interpret_params=interpret_params, **kw),
+                note=functools.partial(_note_fallback, label),
+            )
         return compiled.run(
             *args,
             jaxpr=kw["jaxpr"],
@@ -263,7 +282,7 @@ def targets() -> list[tuple[Any, str, Any]]:
             compiler_params=kw.get("compiler_params"),
             name=label,
             rerun=functools.partial(_rerun, kw, interpret_params),
-            taint="uninitialized_reads" not in interpret_params.patches_off,
+            taint=taint,
             mode=interpret_params.uninitialized_memory,
             cores=int(interpret_params.num_cores_or_threads),
             seed=interpret_params.random_seed,

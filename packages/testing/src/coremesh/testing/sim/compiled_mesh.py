@@ -1,0 +1,685 @@
+"""A ``pl.kernel`` / ``core_map`` kernel over a TensorCore mesh as compiled XLA, with its local
+DMAs and DMA semaphores followed exactly at the cost of a few comparisons each.
+
+The interpreter runs every load, store, DMA and semaphore operation of such a kernel as a host
+callback. A kernel whose cores only copy between their device's HBM and their own VMEM/SMEM with
+DMAs they wait for themselves (JAX's ``emit_pipeline``, ``sync_copy``, hand-written double
+buffering) needs none of that: its jaxpr is evaluated here with every ref a value, each DMA a
+copy at its start, each core after the other, inside one XLA program. What makes that exact is
+the bookkeeping it keeps beside the values (:class:`_Sem`): for every DMA semaphore the DMA in
+flight on it (its source and destination regions) and its count. A load, store or DMA that
+touches a region a DMA in flight writes, a store or DMA write to a region one in flight reads, a
+second DMA on a semaphore with one in flight, a wait that no DMA on its semaphore matches (its
+destination, or the count), a DMA left unwaited or a count left over when its scope ends, an
+index outside its ref, or a result holding unwritten memory (the tagged NaN of
+:mod:`coremesh.testing.sim.shadow`) is where the order of DMAs could show, or a check has
+something to say: the kernel is then run again, in the same program, by the interpreter, from the
+same operands, and its result (or its error, at the offending line) is the call's. So the compiled
+result is returned only when every DMA schedule gives it.
+
+Cores run one after the other: they share nothing here but HBM, and what one core writes and
+another reads without a semaphore between them is a race the interpreter does not order either
+(``races=True`` watches it, and takes the interpreter).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from coremesh.testing.sim import shadow
+from coremesh.testing.sim.jaxprs import all_eqns, memory_space
+
+#: Why a compiled kernel's result was not trusted (bits of the flag the program computes).
+FLAG_REASONS = {
+    1: "a DMA in flight overlapped an access",
+    2: "a wait no DMA in flight on its semaphore matched",
+    4: "a DMA or semaphore count left when its scope ended",
+    8: "an index outside its ref",
+    16: "the result holds unwritten memory",
+}
+_HAZARD, _WAIT, _LEFT, _BOUNDS, _TAINT = 1, 2, 4, 8, 16
+
+_MEMORY_SPACES = ("none", "default", "any", "hbm", "vmem", "smem", "semaphore_mem")
+_REF_CONTAINERS = ("scan", "while", "cond", "pjit", "jit", "closed_call", "run_scoped")
+_PURE_PALLAS = ("multiple_of",)
+
+
+# ------------------------------------------------------------------ which kernels run here
+
+
+def why_interpreted(kw: dict[str, Any], checked: bool, zero_fill: bool) -> str | None:
+    """None when the mesh kernel of ``kw`` (``interpret_pallas_call``'s keywords) runs here;
+    else why it takes the interpreter. ``checked``: the uninitialized-read check is on."""
+    from jax._src.pallas.mosaic import core as mosaic_core
+
+    mesh, gm, jaxpr = kw.get("mesh"), kw["grid_mapping"], kw["jaxpr"]
+    if not isinstance(mesh, mosaic_core.TensorCoreMesh):
+        return f"a kernel over a {type(mesh).__name__} (only TensorCore meshes run compiled)"
+    if gm.num_dynamic_grid_bounds or gm.num_index_operands or gm.vmapped_dims:
+        return "a mesh kernel with scalar prefetch, a dynamic or a vmapped grid"
+    if getattr(jaxpr, "constvars", ()):
+        return "a kernel that closes over constants"
+    (axis,) = tuple(mesh.shape)
+    n_io = len(gm.block_mappings)
+    aliased = {o for _, o in kw.get("input_output_aliases") or ()}
+    fresh = [v.aval for v in jaxpr.invars[n_io:]]
+    fresh += [
+        bm.array_aval
+        for k, bm in enumerate(gm.block_mappings[n_io - gm.num_outputs :])
+        if k not in aliased
+    ]
+    for v in jaxpr.invars:
+        reason = _ref_reason(v.aval)
+        if reason:
+            return reason
+    for eqn in all_eqns(jaxpr):
+        reason = _eqn_reason(eqn, axis)
+        if reason:
+            return reason
+        if eqn.primitive.name == "run_scoped":
+            fresh += [v.aval for v in eqn.params["jaxpr"].invars]
+    if checked:
+        for aval in fresh:
+            dtype = _dtype(aval)
+            if _is_semaphore(dtype):
+                continue
+            if zero_fill:
+                return "uninitialized_memory='zero' with the uninitialized-read check on"
+            if shadow.taint_layout(np.dtype(dtype)) is None:
+                return (
+                    f"a {dtype} output or scratch buffer with the uninitialized-read check on "
+                    "(only float elements carry the taint compiled)"
+                )
+    return None
+
+
+def _dtype(aval: Any) -> Any:
+    return getattr(getattr(aval, "inner_aval", aval), "dtype", None)
+
+
+def _is_semaphore(dtype: Any) -> bool:
+    from jax._src.pallas import core as pallas_core
+
+    try:
+        return dtype is not None and bool(jnp.issubdtype(dtype, pallas_core.semaphore_dtype))
+    except TypeError:
+        return False
+
+
+def _is_dma_semaphore(dtype: Any) -> bool:
+    from jax._src.pallas.mosaic import core as mosaic_core
+
+    try:
+        return bool(jnp.issubdtype(dtype, mosaic_core.dma_semaphore))
+    except TypeError:
+        return False
+
+
+def _is_ref(v: Any) -> bool:
+    from jax._src.state import types as state_types
+
+    return isinstance(getattr(v, "aval", None), state_types.AbstractRef)
+
+
+def _ref_reason(aval: Any) -> str | None:
+    from jax._src.state import types as state_types
+
+    if not isinstance(aval, state_types.AbstractRef):
+        return None
+    space = memory_space(aval)
+    if space not in _MEMORY_SPACES:
+        return f"a ref in {space} memory"
+    dtype = _dtype(aval)
+    if _is_semaphore(dtype) and not _is_dma_semaphore(dtype):
+        return "a regular or barrier semaphore (its signals cross cores: the interpreter's)"
+    return None
+
+
+def _eqn_reason(eqn: Any, axis: str) -> str | None:
+    from jax._src import tree_util
+    from jax._src.state import indexing
+
+    from coremesh.testing.sim.fast_path import _NEEDS_INTERPRETER, _pallas_primitives
+
+    name = eqn.primitive.name
+    if name == "axis_index":
+        if eqn.params.get("axis_name") != axis:
+            return f"axis_index({eqn.params.get('axis_name')!r}) (only the core axis runs compiled)"
+        return None
+    if name in ("dma_start", "dma_wait"):
+        src, dst, sem, src_sem, device_id = eqn.params["tree"].unflatten(eqn.invars)
+        if device_id is not None or src_sem is not None or eqn.params.get("is_wait_send"):
+            return f"a remote {name} (DMAs to other devices are the interpreter's)"
+        if eqn.params.get("add"):
+            return "a DMA with add=True"
+        for part in (src, dst, sem):
+            for t in getattr(part, "transforms", ()):
+                if not isinstance(t, indexing.NDIndexer):
+                    return f"a DMA of a ref transform ({type(t).__name__})"
+        return None
+    if name in ("get", "swap", "addupdate") and "tree" in eqn.params:
+        values = 1 if name == "get" else 2
+        transforms = tree_util.tree_unflatten(eqn.params["tree"], eqn.invars[values:])
+        for t in transforms or ():
+            if not isinstance(t, indexing.NDIndexer):
+                return f"a ref transform ({type(t).__name__})"
+        return None
+    if name == "run_scoped":
+        if eqn.params.get("collective_axes"):
+            return "run_scoped with collective axes"
+        for v in eqn.params["jaxpr"].invars:
+            reason = _ref_reason(v.aval)
+            if reason:
+                return reason
+        return None
+    if eqn.primitive in _pallas_primitives() and name not in _PURE_PALLAS:
+        return f"{name} (semaphores, barriers and TPU-specific operations)"
+    if name in _NEEDS_INTERPRETER:
+        return f"{name} (collectives and callbacks)"
+    if any(_is_ref(v) for v in eqn.invars):
+        if name not in _REF_CONTAINERS:
+            return f"a ref passed to {name}"
+        if name == "scan":
+            _, carry, xs = _scan_parts(eqn.params, list(eqn.invars))
+            if any(_is_ref(v) for v in [*carry, *xs]):
+                return "a ref carried by a loop"
+        if name == "while":
+            if any(_is_ref(v) for v in eqn.invars[: eqn.params["cond_nconsts"]]):
+                return "a loop condition that reads a ref"
+            first_carry = eqn.params["cond_nconsts"] + eqn.params["body_nconsts"]
+            if any(_is_ref(v) for v in eqn.invars[first_carry:]):
+                return "a ref carried by a loop"
+    if any(_is_ref(v) for v in eqn.outvars):
+        return f"{name} returning a ref"
+    return None
+
+
+# ------------------------------------------------------------------ the evaluator's state
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ref:
+    """A ref of the kernel: its key in the state, and its shape."""
+
+    key: int
+    shape: tuple[int, ...]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class _Sem:
+    """A DMA semaphore array, flat: each element's count and the DMA in flight on it (at most
+    one): its destination and source ref keys and regions ``[lo, hi)``."""
+
+    count: Any
+    active: Any
+    dst: Any
+    dst_lo: Any
+    dst_hi: Any
+    src: Any
+    src_lo: Any
+    src_hi: Any
+
+    @classmethod
+    def fresh(cls, size: int, rank: int) -> _Sem:
+        z = jnp.zeros((size,), jnp.int32)
+        zr = jnp.zeros((size, rank), jnp.int32)
+        return cls(z, jnp.zeros((size,), bool), z - 1, zr, zr, z - 1, zr, zr)
+
+
+Region = tuple[Any, Any]  # (lo, hi), each int32[rank]
+
+
+class _State:
+    """The values of the refs alive, the semaphores, and the flag, as one loop carry."""
+
+    def __init__(self, rank: int, fill: Callable[..., Any]) -> None:
+        self.refs: dict[int, Any] = {}
+        self.sems: dict[int, _Sem] = {}
+        self.flag: Any = jnp.int32(0)
+        self.rank = rank
+        self.fill = fill
+        self._keys = itertools.count()
+
+    def carry(self) -> tuple[dict[int, Any], dict[int, _Sem], Any]:
+        return dict(self.refs), dict(self.sems), self.flag
+
+    def load(self, carry: tuple[dict[int, Any], dict[int, _Sem], Any]) -> None:
+        refs, sems, self.flag = carry
+        self.refs, self.sems = dict(refs), dict(sems)
+
+    def raise_flag(self, bad: Any, bit: int) -> None:
+        self.flag = self.flag | jnp.where(bad, jnp.int32(bit), jnp.int32(0))
+
+    def allocate(self, aval: Any) -> _Ref:
+        shape, dtype = tuple(aval.shape), _dtype(aval)
+        ref = _Ref(next(self._keys), shape)
+        if _is_semaphore(dtype):
+            self.sems[ref.key] = _Sem.fresh(max(int(np.prod(shape)), 1), self.rank)
+        else:
+            self.refs[ref.key] = self.fill(shape, dtype)
+        return ref
+
+    def bind(self, aval: Any, value: Any) -> _Ref:
+        ref = _Ref(next(self._keys), tuple(aval.shape))
+        self.refs[ref.key] = value
+        return ref
+
+    def release(self, refs: Sequence[_Ref]) -> None:
+        """The end of a scope: its semaphores must be idle, at zero."""
+        for ref in refs:
+            sem = self.sems.pop(ref.key, None)
+            if sem is not None:
+                self.raise_flag(jnp.any(sem.active) | jnp.any(sem.count != 0), _LEFT)
+            self.refs.pop(ref.key, None)
+
+
+def _scan_parts(params: dict[str, Any], ins: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
+    """A scan's operands as (consts, carry, xs): counts on jax 0.10, a flat tree later."""
+    if "num_consts" in params:
+        nc, ncarry = params["num_consts"], params["num_carry"]
+        return ins[:nc], ins[nc : nc + ncarry], ins[nc + ncarry :]
+    consts, carry, xs = params["ft_in"].update(ins).unpack()
+    return list(consts), list(carry), list(xs)
+
+
+# ------------------------------------------------------------------ regions and bounds
+
+
+def _region(transforms: Any, shape: tuple[int, ...], rank: int) -> Region:
+    """The region of a ref an access touches, as ``[lo, hi)`` per dimension (of the first
+    indexer: later ones narrow inside it, so this holds what they touch)."""
+    from jax._src import indexing as slices
+    from jax._src.state import indexing
+
+    lo = [jnp.int32(0)] * len(shape)
+    hi = [jnp.int32(d) for d in shape]
+    first = next((t for t in transforms or () if isinstance(t, indexing.NDIndexer)), None)
+    if first is not None:
+        for d, index in enumerate(first.indices):
+            if isinstance(index, slices.Slice):
+                start = jnp.asarray(index.start, jnp.int32)
+                lo[d] = start
+                hi[d] = start + (int(index.size) - 1) * int(index.stride) + 1
+            else:
+                value = jnp.asarray(index, jnp.int32)
+                lo[d], hi[d] = jnp.min(value), jnp.max(value) + 1
+    pad = rank - len(shape)
+    return (
+        jnp.stack(lo + [jnp.int32(0)] * pad) if rank else jnp.zeros((0,), jnp.int32),
+        jnp.stack(hi + [jnp.int32(1)] * pad) if rank else jnp.zeros((0,), jnp.int32),
+    )
+
+
+def _out_of_bounds(transforms: Any) -> Any:
+    from jax._src.state import indexing
+
+    from coremesh.testing.sim.compiled import _index_bounds
+
+    bad = jnp.bool_(False)
+    for t in transforms or ():
+        if not isinstance(t, indexing.NDIndexer):
+            continue
+        bounds = _index_bounds(t)
+        if bounds is None:
+            continue
+        for lo, hi, d in zip(*bounds, strict=True):
+            bad = bad | (lo < 0) | (hi >= d)
+    return bad
+
+
+def _overlaps(key: int, region: Region, ref_keys: Any, lo: Any, hi: Any, active: Any) -> Any:
+    rlo, rhi = region
+    inside = jnp.all((lo < rhi[None, :]) & (rlo[None, :] < hi), axis=1)
+    return jnp.any(active & (ref_keys == key) & inside)
+
+
+# ------------------------------------------------------------------ the evaluator
+
+
+class _Evaluator:
+    """Evaluates a kernel's jaxpr with its refs held in a :class:`_State` (at trace time, so
+    loops become XLA loops that carry the state)."""
+
+    def __init__(self, state: _State, core: Any) -> None:
+        self.state = state
+        self.core = core
+
+    def eval(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+        from jax._src import core as jax_core
+        from jax._src import source_info_util
+
+        env: dict[Any, Any] = {}
+
+        def read(v: Any) -> Any:
+            return v.val if isinstance(v, jax_core.Literal) else env[v]
+
+        for v, x in zip(jaxpr.constvars, consts, strict=True):
+            env[v] = x
+        for v, x in zip(jaxpr.invars, args, strict=True):
+            env[v] = x
+        for eqn in jaxpr.eqns:
+            ins = [read(v) for v in eqn.invars]
+            rule = _RULES.get(eqn.primitive.name)
+            with source_info_util.user_context(eqn.source_info.traceback):
+                if rule is not None and _needs_rule(eqn):
+                    outs = rule(self, eqn, ins)
+                else:
+                    params = eqn.primitive.get_bind_params(eqn.params)
+                    outs = eqn.primitive.bind(*ins, **params)
+                    if not eqn.primitive.multiple_results:
+                        outs = [outs]
+            for v, x in zip(eqn.outvars, outs, strict=True):
+                env[v] = x
+        return [read(v) for v in jaxpr.outvars]
+
+    # -- refs
+
+    def _access(self, ref: _Ref, transforms: Any, *, write: bool) -> None:
+        st = self.state
+        region = _region(transforms, ref.shape, st.rank)
+        st.raise_flag(_out_of_bounds(transforms), _BOUNDS)
+        for sem in st.sems.values():
+            hit = _overlaps(ref.key, region, sem.dst, sem.dst_lo, sem.dst_hi, sem.active)
+            if write:
+                hit = hit | _overlaps(ref.key, region, sem.src, sem.src_lo, sem.src_hi, sem.active)
+            st.raise_flag(hit, _HAZARD)
+
+    def _get(self, eqn: Any, ins: list[Any]) -> list[Any]:
+        from jax._src import tree_util
+        from jax._src.state import discharge
+
+        ref, *idx = ins
+        transforms = tree_util.tree_unflatten(eqn.params["tree"], idx)
+        self._access(ref, transforms, write=False)
+        return [discharge.transform_array(self.state.refs[ref.key], transforms)]
+
+    def _swap(self, eqn: Any, ins: list[Any]) -> list[Any]:
+        from jax._src import tree_util
+        from jax._src.state import discharge
+
+        ref, val, *idx = ins
+        transforms = tree_util.tree_unflatten(eqn.params["tree"], idx)
+        self._access(ref, transforms, write=True)
+        old, new = discharge.transform_swap_array(self.state.refs[ref.key], transforms, val)
+        self.state.refs[ref.key] = new
+        return [old]
+
+    def _addupdate(self, eqn: Any, ins: list[Any]) -> list[Any]:
+        from jax._src import tree_util
+        from jax._src.state import discharge
+
+        ref, val, *idx = ins
+        transforms = tree_util.tree_unflatten(eqn.params["tree"], idx)
+        self._access(ref, transforms, write=True)
+        value = self.state.refs[ref.key]
+        old = discharge.transform_array(value, transforms)
+        _, new = discharge.transform_swap_array(value, transforms, old + val)
+        self.state.refs[ref.key] = new
+        return []
+
+    # -- DMAs
+
+    def _dma_parts(self, eqn: Any, ins: list[Any]) -> tuple[Any, ...]:
+        src, dst, sem, _, _ = eqn.params["tree"].unflatten(ins)
+        parts = []
+        for part in (src, dst, sem):
+            ref = getattr(part, "ref", part)
+            parts += [ref, tuple(getattr(part, "transforms", ()))]
+        return tuple(parts)
+
+    def _sem_index(self, sem_ref: _Ref, transforms: Any) -> Any:
+        from jax._src.state import discharge
+
+        n = max(int(np.prod(sem_ref.shape)), 1)
+        ids = jnp.arange(n, dtype=jnp.int32).reshape(sem_ref.shape)
+        self.state.raise_flag(_out_of_bounds(transforms), _BOUNDS)
+        return jnp.reshape(discharge.transform_array(ids, transforms), (-1,))[0]
+
+    def _dma_start(self, eqn: Any, ins: list[Any]) -> list[Any]:
+        from jax._src.state import discharge
+
+        st = self.state
+        src, src_t, dst, dst_t, sem_ref, sem_t = self._dma_parts(eqn, ins)
+        s = self._sem_index(sem_ref, sem_t)
+        self._access(src, src_t, write=False)
+        self._access(dst, dst_t, write=True)
+        sem = st.sems[sem_ref.key]
+        st.raise_flag(sem.active[s], _HAZARD)
+        data = discharge.transform_array(st.refs[src.key], src_t)
+        _, st.refs[dst.key] = discharge.transform_swap_array(st.refs[dst.key], dst_t, data)
+        dlo, dhi = _region(dst_t, dst.shape, st.rank)
+        slo, shi = _region(src_t, src.shape, st.rank)
+        st.sems[sem_ref.key] = _Sem(
+            count=sem.count.at[s].add(int(np.prod(data.shape))),
+            active=sem.active.at[s].set(True),
+            dst=sem.dst.at[s].set(dst.key),
+            dst_lo=sem.dst_lo.at[s].set(dlo),
+            dst_hi=sem.dst_hi.at[s].set(dhi),
+            src=sem.src.at[s].set(src.key),
+            src_lo=sem.src_lo.at[s].set(slo),
+            src_hi=sem.src_hi.at[s].set(shi),
+        )
+        return []
+
+    def _dma_wait(self, eqn: Any, ins: list[Any]) -> list[Any]:
+        from jax._src.state import discharge
+
+        st = self.state
+        _, _, dst, dst_t, sem_ref, sem_t = self._dma_parts(eqn, ins)
+        s = self._sem_index(sem_ref, sem_t)
+        st.raise_flag(_out_of_bounds(dst_t), _BOUNDS)
+        size = int(np.prod(discharge.transform_array(st.refs[dst.key], dst_t).shape))
+        sem = st.sems[sem_ref.key]
+        dlo, dhi = _region(dst_t, dst.shape, st.rank)
+        matches = (
+            sem.active[s]
+            & (sem.dst[s] == dst.key)
+            & jnp.all(sem.dst_lo[s] == dlo)
+            & jnp.all(sem.dst_hi[s] == dhi)
+            & (sem.count[s] >= size)
+        )
+        st.raise_flag(~matches, _WAIT)
+        st.sems[sem_ref.key] = dataclasses.replace(
+            sem, count=sem.count.at[s].add(-size), active=sem.active.at[s].set(False)
+        )
+        return []
+
+    # -- the core's index, scopes, control flow
+
+    def _axis_index(self, eqn: Any, ins: list[Any]) -> list[Any]:
+        del eqn, ins  # the only axis that runs here is the core's
+        return [self.core]
+
+    def _run_scoped(self, eqn: Any, ins: list[Any]) -> list[Any]:
+        inner = eqn.params["jaxpr"]
+        scoped = [self.state.allocate(v.aval) for v in inner.invars]
+        outs = self.eval(inner, ins, scoped)
+        self.state.release(scoped)
+        return outs
+
+    def _closed(self, closed: Any, ins: Sequence[Any]) -> list[Any]:
+        return self.eval(closed.jaxpr, closed.consts, ins)
+
+    def _pjit(self, eqn: Any, ins: list[Any]) -> list[Any]:
+        return self._closed(eqn.params["jaxpr"], ins)
+
+    def _closed_call(self, eqn: Any, ins: list[Any]) -> list[Any]:
+        return self._closed(eqn.params["call_jaxpr"], ins)
+
+    def _scan(self, eqn: Any, ins: list[Any]) -> list[Any]:
+        p = eqn.params
+        consts, init, xs = _scan_parts(p, ins)
+        ncarry = len(init)
+        st = self.state
+
+        def body(carry: Any, x: Any) -> Any:
+            state_carry, values = carry
+            st.load(state_carry)
+            outs = self._closed(p["jaxpr"], [*consts, *values, *x])
+            return (st.carry(), outs[:ncarry]), outs[ncarry:]
+
+        (final, values), ys = lax.scan(
+            body,
+            (st.carry(), list(init)),
+            list(xs),
+            length=p["length"],
+            reverse=p["reverse"],
+            unroll=p["unroll"],
+        )
+        st.load(final)
+        return [*values, *ys]
+
+    def _while(self, eqn: Any, ins: list[Any]) -> list[Any]:
+        p = eqn.params
+        cn, bn = p["cond_nconsts"], p["body_nconsts"]
+        cconsts, bconsts, init = ins[:cn], ins[cn : cn + bn], ins[cn + bn :]
+        st = self.state
+
+        def cond(carry: Any) -> Any:
+            (out,) = self._closed(p["cond_jaxpr"], [*cconsts, *carry[1]])
+            return out
+
+        def body(carry: Any) -> Any:
+            st.load(carry[0])
+            values = self._closed(p["body_jaxpr"], [*bconsts, *carry[1]])
+            return st.carry(), values
+
+        final, values = lax.while_loop(cond, body, (st.carry(), list(init)))
+        st.load(final)
+        return list(values)
+
+    def _cond(self, eqn: Any, ins: list[Any]) -> list[Any]:
+        index, *ops = ins
+        st = self.state
+        start = st.carry()
+
+        def branch(closed: Any) -> Callable[..., Any]:
+            def run(carry: Any) -> Any:
+                st.load(carry)
+                outs = self._closed(closed, ops)
+                return st.carry(), outs
+
+            return run
+
+        final, outs = lax.switch(index, [branch(b) for b in eqn.params["branches"]], start)
+        st.load(final)
+        return list(outs)
+
+
+_RULES: dict[str, Callable[..., list[Any]]] = {
+    "get": _Evaluator._get,
+    "swap": _Evaluator._swap,
+    "addupdate": _Evaluator._addupdate,
+    "dma_start": _Evaluator._dma_start,
+    "dma_wait": _Evaluator._dma_wait,
+    "axis_index": _Evaluator._axis_index,
+    "run_scoped": _Evaluator._run_scoped,
+    "pjit": _Evaluator._pjit,
+    "jit": _Evaluator._pjit,
+    "closed_call": _Evaluator._closed_call,
+    "scan": _Evaluator._scan,
+    "while": _Evaluator._while,
+    "cond": _Evaluator._cond,
+}
+#: The containers, bound as they are when neither a ref nor the core's index reaches them.
+_CONTAINERS = ("pjit", "jit", "closed_call", "scan", "while", "cond")
+
+
+def _needs_rule(eqn: Any) -> bool:
+    if eqn.primitive.name not in _CONTAINERS:
+        return True
+    if any(_is_ref(v) for v in eqn.invars):
+        return True
+    inside = all_eqns(types.SimpleNamespace(eqns=[eqn]))
+    return any(e.primitive.name == "axis_index" for e in inside)
+
+
+# ------------------------------------------------------------------ the call
+
+
+def run(
+    *args: Any,
+    kw: dict[str, Any],
+    fill: Callable[..., Any],
+    taint: bool,
+    interpreted: Callable[..., list[Any]],
+    note: Callable[[Any], None],
+) -> list[Any]:
+    """The outputs of the mesh kernel of ``kw`` on ``args``, compiled; the interpreter's
+    (``interpreted(*args)``, in the same program) when the compiled run cannot vouch for them;
+    ``note(flag)`` records which path the call took."""
+    from jax._src import core as jax_core
+
+    jaxpr, gm, mesh = kw["jaxpr"], kw["grid_mapping"], kw["mesh"]
+    n_out = gm.num_outputs
+    n_in = len(gm.block_mappings) - n_out
+    invars = jaxpr.invars
+    rank = max([len(v.aval.shape) for v in invars if _is_ref(v)] + [1])
+    rank = max(
+        [rank]
+        + [
+            len(v.aval.shape)
+            for e in all_eqns(jaxpr)
+            if e.primitive.name == "run_scoped"
+            for v in e.params["jaxpr"].invars
+        ]
+    )
+    st = _State(rank, fill)
+    aliases = {o: i for i, o in kw.get("input_output_aliases") or ()}
+    inputs = [st.bind(v.aval, x) for v, x in zip(invars[:n_in], args, strict=True)]
+    outputs = []
+    for k, v in enumerate(invars[n_in : n_in + n_out]):
+        if k in aliases:
+            outputs.append(inputs[aliases[k]])
+        else:
+            outputs.append(st.allocate(v.aval))
+    (cores,) = (int(n) for n in mesh.shape.values())
+
+    def one_core(core: Any, carry: Any) -> Any:
+        st.load(carry)
+        scratch = [st.allocate(v.aval) for v in invars[n_in + n_out :]]
+        _Evaluator(st, core).eval(jaxpr, (), [*inputs, *outputs, *scratch])
+        st.release(scratch)
+        return st.carry()
+
+    st.load(lax.fori_loop(0, cores, one_core, st.carry()))
+    results = [st.refs[o.key] for o in outputs]
+    if taint:
+        for value in results:
+            layout = shadow.taint_layout(np.dtype(value.dtype))
+            if layout is not None:
+                bits = lax.bitcast_convert_type(value, layout[0])
+                st.raise_flag(jnp.any(shadow.tagged(bits, layout)), _TAINT)
+    flag = st.flag
+    axes = tuple(a for a in jax_core.get_axis_env().axis_sizes if a is not None)
+    if axes:  # every device takes the same path: the interpreter's devices meet in barriers
+        flag = functools.reduce(
+            jnp.bitwise_or, [lax.pmax(flag & bit, axes) for bit in FLAG_REASONS]
+        )
+
+    def slow(operands: Any) -> Any:
+        jax.debug.callback(note, flag)
+        return list(interpreted(*operands))
+
+    def fast(operands: Any) -> Any:
+        del operands  # the compiled results stand
+        return results
+
+    return list(lax.cond(flag != 0, slow, fast, list(args)))
+
+
+def reasons(flag: Any) -> str:
+    """The flag's bits as words."""
+    value = int(np.asarray(flag))
+    return "; ".join(text for bit, text in FLAG_REASONS.items() if value & bit) or "none"
