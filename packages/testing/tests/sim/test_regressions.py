@@ -134,6 +134,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "uninitialized_reads",  # test_uninitialized.py
         "poison_buffers",
         "fast_path",  # test_fast_path.py
+        "scoped_refs",  # test_scoped_refs.py
     }
     assert covered == set(PATCH_NAMES)
 

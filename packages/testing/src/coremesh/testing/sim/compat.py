@@ -13,6 +13,9 @@ from coremesh.core import jax_versions
 #: jax's first release whose TensorCore mesh is a dataclass with a default core count
 #: (``TensorCoreMesh(axis_name=...)`` reads ``jax.devices()[0].num_cores``).
 MESH_DATACLASS_SINCE = "0.11.0"
+#: jax's first release whose ``Jaxpr`` counts as constvars only the inputs with values attached
+#: (``consts=``); before it, ``Jaxpr(constvars, invars, ...)`` marks them by position.
+JAXPR_CONSTS_SINCE = "0.11.0"
 
 
 def tensorcore_mesh_default_cores() -> Any:
@@ -36,3 +39,30 @@ def default_cores_function() -> tuple[Any, str] | None:
     from jax._src.pallas.mosaic import core as mosaic_core
 
     return mosaic_core, "_get_default_num_cores"
+
+
+def open_jaxpr(
+    constvars: list[Any],
+    invars: list[Any],
+    outvars: list[Any],
+    eqns: list[Any],
+    effects: Any,
+    debug_info: Any,
+) -> Any:
+    """A ``Jaxpr`` whose ``constvars`` and ``invars`` read back as given, as the body of a
+    ``run_scoped`` needs them (its operands bind the constvars). From jax 0.11 the constvars
+    need attached values: their avals stand in, as no interpreter reads them (upstream's own
+    ``run_scoped`` bodies carry its tracing's stale tracers there)."""
+    from jax._src import core as jax_core
+
+    if not jax_versions.at_least(JAXPR_CONSTS_SINCE):
+        return jax_core.Jaxpr(constvars, invars, outvars, eqns, effects, debug_info)
+    return jax_core.Jaxpr(
+        constvars,
+        invars,
+        outvars,
+        eqns,
+        effects,
+        debug_info,
+        consts=[v.aval for v in constvars],
+    )

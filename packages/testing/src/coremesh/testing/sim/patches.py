@@ -847,6 +847,12 @@ def _shadow_targets() -> list[tuple[Any, str, Any]]:
     return shadow.targets()
 
 
+def _scoped_refs_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import scoped_refs
+
+    return scoped_refs.targets()
+
+
 def _refusal_targets() -> list[tuple[Any, str, Any]]:
     from coremesh.testing.sim import refusals
 
@@ -928,6 +934,14 @@ PATCHES: tuple[Patch, ...] = (
         "load_gather/store_scatter/parallel_loop have no interpreter rule "
         "(interpret_pallas_call.py:1701)",
         _sparsecore_primitive_targets,
+    ),
+    Patch(
+        "scoped_refs",
+        "jax.empty_ref in a kernel body (scratch Mosaic allocates for the rest of the region) "
+        "has no interpreter rule: it stays a JAX mutable array and the core's program fails to "
+        "compile ('No state discharge rule implemented for primitive: io_callback', a raw "
+        "CpuCallback error)",
+        _scoped_refs_targets,
     ),
     Patch(
         "mpmd_refusal",
