@@ -621,6 +621,10 @@ def run(
     ``note(flag)`` records which path the call took."""
     from jax._src import core as jax_core
 
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    # Operands typed with a memory space (HBM outputs of other kernels) are plain arrays here.
+    args = tuple(ipc.remove_memory_space_p.bind(a) for a in args)
     jaxpr, gm, mesh = kw["jaxpr"], kw["grid_mapping"], kw["mesh"]
     n_out = gm.num_outputs
     n_in = len(gm.block_mappings) - n_out
