@@ -160,6 +160,40 @@ def test_what_the_interpreter_reports_is_reported_the_same_on_the_fast_path(
     assert messages[0] == messages[1]
 
 
+def int_scratch_read_unwritten(x_hbm: Any, o_hbm: Any, buf: Any, sem: Any, idx: Any) -> None:
+    pltpu.sync_copy(x_hbm.at[rows()], buf)
+    buf[...] = buf[...] + idx[0].astype(jnp.float32)  # idx (SMEM int32) was never written
+    pltpu.sync_copy(buf, o_hbm.at[rows()])
+
+
+def int_scratch_written(x_hbm: Any, o_hbm: Any, buf: Any, sem: Any, idx: Any) -> None:
+    idx[0] = jax.lax.axis_index("core") + 1
+    pltpu.sync_copy(x_hbm.at[rows()], buf)
+    buf[...] = buf[...] + idx[0].astype(jnp.float32)
+    pltpu.sync_copy(buf, o_hbm.at[rows()])
+
+
+def test_integer_scratch_runs_compiled_and_an_unwritten_read_of_it_is_the_interpreters() -> None:
+    scratch = [*SCRATCH, pltpu.SMEM((1,), jnp.int32)]
+    fast, sim = run(int_scratch_written, fast=True, scratch=scratch)
+    assert only_path(sim) == "compiled"
+    np.testing.assert_array_equal(fast[:ROWS], XS[:ROWS] + 1)
+    np.testing.assert_array_equal(fast[ROWS:], XS[ROWS:] + 2)
+    messages = []
+    for fast_path in (True, False):
+        with simulate("v5p", 1, fast_path=fast_path) as sim:
+            with pytest.raises(UninitializedReadError, match="unwritten") as info:
+                sim.run(on_mesh(int_scratch_read_unwritten, scratch), XS)
+            # The cores run as threads in the interpreter: which reports first, and whether the
+            # other is still blocked then, varies.
+            messages.append(re.sub(r"core \d", "core N", str(info.value).splitlines()[0]))
+            if fast_path:
+                assert only_path(sim) == (
+                    THEN_INTERPRETED + "a load of unwritten integer or bool memory"
+                )
+    assert messages[0] == messages[1]
+
+
 def test_a_source_overwritten_in_flight_gives_the_interpreters_result() -> None:
     fast, sim = run(overwrite_source_in_flight, fast=True)
     slow, _ = run(overwrite_source_in_flight, fast=False)

@@ -7,14 +7,15 @@ DMAs they wait for themselves (JAX's ``emit_pipeline``, ``sync_copy``, hand-writ
 buffering) needs none of that: its jaxpr is evaluated here with every ref a value, each DMA a
 copy at its start, each core after the other, inside one XLA program. What makes that exact is
 the bookkeeping it keeps beside the values (:class:`_Sem`): for every DMA semaphore the DMA in
-flight on it (its source and destination regions) and its count. A load, store or DMA that
-touches a region a DMA in flight writes, a store or DMA write to a region one in flight reads, a
-second DMA on a semaphore with one in flight, a wait that no DMA on its semaphore matches (its
-destination, or the count), a DMA left unwaited or a count left over when its scope ends, an
-index outside its ref, or a result holding unwritten memory (the tagged NaN of
-:mod:`coremesh.testing.sim.shadow`) is where the order of DMAs could show, or a check has
-something to say: the kernel is then run again, in the same program, by the interpreter, from the
-same operands, and its result (or its error, at the offending line) is the call's. So the compiled
+flight on it (its source and destination regions) and its count. The kernel is run again, in the
+same program, by the interpreter, from the same operands, and its result (or its error, at the
+offending line) is the call's, where the order of DMAs could show or a check has something to
+say: a load, store or DMA that touches a region a DMA in flight writes; a store or DMA write to a
+region one in flight reads; a second DMA on a semaphore with one in flight; a wait that no DMA on
+its semaphore matches (its destination, or the count); a DMA left unwaited or a count left over
+when its scope ends; an index outside its ref; a result holding unwritten memory (the tagged NaN
+of :mod:`coremesh.testing.sim.shadow`); a load of integer or bool memory nobody wrote (no NaN can
+carry their taint: a mask of written elements follows them, through DMAs too). So the compiled
 result is returned only when every DMA schedule gives it.
 
 Cores run one after the other: they share nothing here but HBM, and what one core writes and
@@ -46,8 +47,9 @@ FLAG_REASONS = {
     4: "a DMA or semaphore count left when its scope ended",
     8: "an index outside its ref",
     16: "the result holds unwritten memory",
+    32: "a load of unwritten integer or bool memory",
 }
-_HAZARD, _WAIT, _LEFT, _BOUNDS, _TAINT = 1, 2, 4, 8, 16
+_HAZARD, _WAIT, _LEFT, _BOUNDS, _TAINT, _UNWRITTEN = 1, 2, 4, 8, 16, 32
 
 _MEMORY_SPACES = ("none", "default", "any", "hbm", "vmem", "smem", "semaphore_mem")
 _REF_CONTAINERS = ("scan", "while", "cond", "pjit", "jit", "closed_call", "run_scoped")
@@ -88,18 +90,8 @@ def why_interpreted(kw: dict[str, Any], checked: bool, zero_fill: bool) -> str |
             return reason
         if eqn.primitive.name == "run_scoped":
             fresh += [v.aval for v in eqn.params["jaxpr"].invars]
-    if checked:
-        for aval in fresh:
-            dtype = _dtype(aval)
-            if _is_semaphore(dtype):
-                continue
-            if zero_fill:
-                return "uninitialized_memory='zero' with the uninitialized-read check on"
-            if shadow.taint_layout(np.dtype(dtype)) is None:
-                return (
-                    f"a {dtype} output or scratch buffer with the uninitialized-read check on "
-                    "(only float elements carry the taint compiled)"
-                )
+    if checked and zero_fill and any(not _is_semaphore(_dtype(a)) for a in fresh):
+        return "uninitialized_memory='zero' with the uninitialized-read check on"
     return None
 
 
@@ -240,23 +232,29 @@ class _Sem:
 Region = tuple[Any, Any]  # (lo, hi), each int32[rank]
 
 
-class _State:
-    """The values of the refs alive, the semaphores, and the flag, as one loop carry."""
+Carry = tuple[dict[int, Any], dict[int, _Sem], dict[int, Any], Any]
 
-    def __init__(self, rank: int, fill: Callable[..., Any]) -> None:
+
+class _State:
+    """The values of the refs alive, the semaphores, the flag, and which elements of fresh
+    integer and bool buffers were written (no NaN can carry their taint), as one loop carry."""
+
+    def __init__(self, rank: int, fill: Callable[..., Any], taint: bool) -> None:
         self.refs: dict[int, Any] = {}
         self.sems: dict[int, _Sem] = {}
+        self.written: dict[int, Any] = {}
         self.flag: Any = jnp.int32(0)
         self.rank = rank
         self.fill = fill
+        self.taint = taint
         self._keys = itertools.count()
 
-    def carry(self) -> tuple[dict[int, Any], dict[int, _Sem], Any]:
-        return dict(self.refs), dict(self.sems), self.flag
+    def carry(self) -> Carry:
+        return dict(self.refs), dict(self.sems), dict(self.written), self.flag
 
-    def load(self, carry: tuple[dict[int, Any], dict[int, _Sem], Any]) -> None:
-        refs, sems, self.flag = carry
-        self.refs, self.sems = dict(refs), dict(sems)
+    def load(self, carry: Carry) -> None:
+        refs, sems, written, self.flag = carry
+        self.refs, self.sems, self.written = dict(refs), dict(sems), dict(written)
 
     def raise_flag(self, bad: Any, bit: int) -> None:
         self.flag = self.flag | jnp.where(bad, jnp.int32(bit), jnp.int32(0))
@@ -266,8 +264,10 @@ class _State:
         ref = _Ref(next(self._keys), shape)
         if _is_semaphore(dtype):
             self.sems[ref.key] = _Sem.fresh(max(int(np.prod(shape)), 1), self.rank)
-        else:
-            self.refs[ref.key] = self.fill(shape, dtype)
+            return ref
+        self.refs[ref.key] = self.fill(shape, dtype)
+        if self.taint and shadow.taint_layout(np.dtype(dtype)) is None:
+            self.written[ref.key] = jnp.zeros(shape, bool)
         return ref
 
     def bind(self, aval: Any, value: Any) -> _Ref:
@@ -282,6 +282,26 @@ class _State:
             if sem is not None:
                 self.raise_flag(jnp.any(sem.active) | jnp.any(sem.count != 0), _LEFT)
             self.refs.pop(ref.key, None)
+            self.written.pop(ref.key, None)
+
+    def read_written(self, ref: _Ref, transforms: Any) -> Any:
+        """Which elements of an access were written (None: the ref is not followed)."""
+        from jax._src.state import discharge
+
+        if ref.key not in self.written:
+            return None
+        return discharge.transform_array(self.written[ref.key], transforms)
+
+    def mark_written(self, ref: _Ref, transforms: Any, written: Any) -> None:
+        """Elements an access wrote, and whether each holds written data (``written``)."""
+        from jax._src.state import discharge
+
+        if ref.key in self.written:
+            old = self.written[ref.key]
+            new = jnp.broadcast_to(written, discharge.transform_array(old, transforms).shape)
+            _, self.written[ref.key] = discharge.transform_swap_array(old, transforms, new)
+        elif written is not True:  # unwritten data copied where nothing follows it
+            self.raise_flag(~jnp.all(written), _UNWRITTEN)
 
 
 def _scan_parts(params: dict[str, Any], ins: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
@@ -402,7 +422,13 @@ class _Evaluator:
         ref, *idx = ins
         transforms = tree_util.tree_unflatten(eqn.params["tree"], idx)
         self._access(ref, transforms, write=False)
+        self._check_written(ref, transforms)
         return [discharge.transform_array(self.state.refs[ref.key], transforms)]
+
+    def _check_written(self, ref: _Ref, transforms: Any) -> None:
+        written = self.state.read_written(ref, transforms)
+        if written is not None:
+            self.state.raise_flag(~jnp.all(written), _UNWRITTEN)
 
     def _swap(self, eqn: Any, ins: list[Any]) -> list[Any]:
         from jax._src import tree_util
@@ -413,6 +439,7 @@ class _Evaluator:
         self._access(ref, transforms, write=True)
         old, new = discharge.transform_swap_array(self.state.refs[ref.key], transforms, val)
         self.state.refs[ref.key] = new
+        self.state.mark_written(ref, transforms, True)
         return [old]
 
     def _addupdate(self, eqn: Any, ins: list[Any]) -> list[Any]:
@@ -422,6 +449,7 @@ class _Evaluator:
         ref, val, *idx = ins
         transforms = tree_util.tree_unflatten(eqn.params["tree"], idx)
         self._access(ref, transforms, write=True)
+        self._check_written(ref, transforms)
         value = self.state.refs[ref.key]
         old = discharge.transform_array(value, transforms)
         _, new = discharge.transform_swap_array(value, transforms, old + val)
@@ -458,6 +486,9 @@ class _Evaluator:
         st.raise_flag(sem.active[s], _HAZARD)
         data = discharge.transform_array(st.refs[src.key], src_t)
         _, st.refs[dst.key] = discharge.transform_swap_array(st.refs[dst.key], dst_t, data)
+        # A DMA copies what it reads, written or not (the interpreter's shadow does the same).
+        written = st.read_written(src, src_t)
+        st.mark_written(dst, dst_t, True if written is None else written)
         dlo, dhi = _region(dst_t, dst.shape, st.rank)
         slo, shi = _region(src_t, src.shape, st.rank)
         st.sems[sem_ref.key] = _Sem(
@@ -620,7 +651,6 @@ def run(
     (``interpreted(*args)``, in the same program) when the compiled run cannot vouch for them;
     ``note(flag)`` records which path the call took."""
     from jax._src import core as jax_core
-
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
     # Operands typed with a memory space (HBM outputs of other kernels) are plain arrays here.
@@ -639,7 +669,7 @@ def run(
             for v in e.params["jaxpr"].invars
         ]
     )
-    st = _State(rank, fill)
+    st = _State(rank, fill, taint)
     aliases = {o: i for i, o in kw.get("input_output_aliases") or ()}
     inputs = [st.bind(v.aval, x) for v, x in zip(invars[:n_in], args, strict=True)]
     outputs = []
