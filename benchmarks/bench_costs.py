@@ -14,8 +14,8 @@ Every measurement runs in a fresh subprocess with a timeout (this script re-run 
   counts; "in callbacks" is the time measured inside them (summed over the cores' threads).
 - **scaling**: warm simulator time against problem size for ``add_one`` ((8, 128) blocks, the
   guide's) and matmul ((128, 128) blocks, ``block_k`` 128, the shipped ones), interpreted and on
-  the compiled fast path (``simulate(fast_path=True)``; add_one, a ``pl.kernel`` of DMAs, is
-  always interpreted), the ``jax.numpy`` version beside them, drawn in
+  the compiled fast path (``simulate()``'s default; ``fast_path=False`` interprets), the
+  ``jax.numpy`` version beside them, drawn in
   ``costs-jax<version>.png``.
 - **memory**: peak host RSS (``ru_maxrss``) of ``add_one`` on a (2048, 1024) float32 operand
   (8 MiB) over the process's own baseline after importing jax and building the input, as a
@@ -61,7 +61,12 @@ ADD_ONE_SIZES = (256, 512, 1024, 2048)
 MATMUL_SIZES = (256, 512, 1024, 2048)
 QUICK_SIZES = (256, 512)
 #: the costs table's cases: (kernel, n, fast_path)
-COST_CASES = (("add_one", 1024, False), ("matmul", 512, False), ("matmul", 512, True))
+COST_CASES = (
+    ("add_one", 1024, False),
+    ("add_one", 1024, True),
+    ("matmul", 512, False),
+    ("matmul", 512, True),
+)
 #: callbacks that run the cores' programs (the others run inside them, on other threads): their
 #: time is not added to the time inside callbacks
 CONTAINERS = frozenset({"_thread_map_callback"})
@@ -245,7 +250,7 @@ def child_memory(spec: dict[str, Any]) -> None:
 
     import coremesh.testing as ct
 
-    with ct.simulate(CHIP, 1) as sim:
+    with ct.simulate(CHIP, 1) as sim:  # the default: add_one on the compiled fast path
         program = add_one(*spec["shape"])
         mesh = sim.mesh()
         fn = program.build(mesh)
@@ -395,9 +400,12 @@ def memory_row(r: dict[str, Any], small: dict[str, Any], large: dict[str, Any]) 
     per_byte = None
     if large_grew is not None:
         per_byte = (large_grew - own) / (large["operand_bytes"] - operand)
+    compile_bytes = grew(small)
     return {
         **r,
         "multiple": own / operand,
+        # what the operand itself costs: the peak less what tracing and compiling take alone
+        "operand_multiple": None if compile_bytes is None else (own - compile_bytes) / operand,
         "target": MEMORY_TARGET,
         "compile_bytes": grew(small),
         "per_operand_byte": per_byte,
@@ -518,7 +526,8 @@ def markdown(report: dict[str, Any]) -> list[str]:
         lines.append(f"- {m['status'].upper()}: {m['detail']}")
         return lines
     mib = m["operand_bytes"] / 2**20
-    verdict = "PASS" if m["multiple"] <= MEMORY_TARGET else "FAIL"
+    own = m.get("operand_multiple")
+    verdict = "PASS" if own is not None and own <= MEMORY_TARGET else "FAIL"
     compile_cell = (
         m["small"]["status"]
         if m["compile_bytes"] is None
@@ -541,8 +550,10 @@ def markdown(report: dict[str, Any]) -> list[str]:
         f"| {m['multiple']:.2f}x ({m['multiple'] * mib:.0f} MiB) | {compile_cell} "
         f"| {per_byte} | <= {MEMORY_TARGET:g}x |",
         "",
-        f"- {verdict}: at most {MEMORY_TARGET:g}x the operand in host RSS: {m['multiple']:.2f}x "
-        f"({per_byte} per further operand byte)",
+        f"- {verdict}: the operand costs at most {MEMORY_TARGET:g}x its size in host RSS: "
+        + ("-" if own is None else f"{own:.2f}x")
+        + f" (the peak less tracing and compiling; {per_byte} per further operand byte; "
+        f"the whole peak, compiling included, {m['multiple']:.2f}x)",
     ]
     return lines
 
@@ -602,7 +613,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = {"add_one": add_sizes, "matmul": mm_sizes}
     # The costs at their default sizes where those run, else at the largest size run.
     cost_cases = [(k, n if n in sizes[k] else max(sizes[k]), f) for k, n, f in COST_CASES]
-    cases = [("add_one", n, False) for n in add_sizes]
+    cases = [("add_one", n, fast) for n in add_sizes for fast in (False, True)]
     cases += [("matmul", n, fast) for n in mm_sizes for fast in (False, True)]
     runs: dict[tuple[str, int, bool], dict[str, Any]] = {}
     todo = list(dict.fromkeys([*cost_cases, *cases]))

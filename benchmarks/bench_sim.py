@@ -6,9 +6,14 @@ timeout, one after the other; a run that does not finish in time is reported as 
 "stock" is jax's own TPU interpret mode, given only what it needs to trace the programs on a CPU
 at all: ``pltpu.get_tpu_info()`` and the core count of ``create_tensorcore_mesh`` for the chip,
 and the requested number of devices (``simulate(disable_patches=...)`` with every fix off but
-those two). "coremesh" is ``coremesh.testing.simulate`` with all its fixes; "unchecked" is the
-same without the uninitialized-read check (``check_uninitialized=False``), whose cost the bench
-records (goal: at most 1.5x).
+those two). "coremesh" is ``coremesh.testing.simulate`` as it runs by default, with all its
+fixes and the compiled fast path; "interpreted" the same with ``fast_path=False`` (every kernel
+on the interpreter); "unchecked" is the default without the uninitialized-read check
+(``check_uninitialized=False``), whose cost the bench records (goal: at most 1.5x). For add_one
+the same math in ``jax.numpy`` runs in the coremesh process, jitted on the same devices and
+inputs. Goals (issue 17): add_one on 1 device within 100x of ``jax.numpy``; on 4 devices x 2
+cores with 4x the rows, at most 4x the 1-device time (the time follows the work, not the host
+threads).
 
     python benchmarks/bench_sim.py [--out bench-results/] [--timeout 60] [--reps 4]
 
@@ -34,30 +39,43 @@ from typing import Any
 
 FIXES_KEPT_FOR_STOCK = ("simulated_chip", "host_devices")
 
-#: (program, devices) pairs, in the order they are run.
-CASES = [
-    ("add_one", 1),
-    ("swap_kernel", 1),
-    ("swap_core_map", 1),
-    ("indexed_add_one", 1),
-    ("sc_add_one", 1),
-    ("swap_core_map", 4),
-    ("swap_kernel", 4),
-    ("add_one", 4),
-    ("indexed_add_one", 4),
-    ("sc_add_one", 4),
+#: (program, devices, rows) in the order they are run; rows None is the guide's size. The last
+#: case gives each of 4 devices as many rows as add_one's 1-device case has, to show that the
+#: time grows with the work, not with the host threads (it skips stock, which does not finish).
+CASES: list[tuple[str, int, int | None]] = [
+    ("add_one", 1, None),
+    ("swap_kernel", 1, None),
+    ("swap_core_map", 1, None),
+    ("indexed_add_one", 1, None),
+    ("sc_add_one", 1, None),
+    ("swap_core_map", 4, None),
+    ("swap_kernel", 4, None),
+    ("add_one", 4, None),
+    ("indexed_add_one", 4, None),
+    ("sc_add_one", 4, None),
+    ("add_one", 4, 4096),
 ]
 
+#: add_one's rows at the guide's size (1024 x 1024 float32)
+GUIDE_ROWS = 1024
+
+#: what each run is: jax's stock interpret mode, the simulator (compiled fast path where it
+#: applies, the default), the simulator interpreting every kernel (``fast_path=False``), and
+#: the simulator without the uninitialized-read check.
+MODES = ("stock", "coremesh", "interpreted", "unchecked")
+
 WORKER = """
-import json, time
+import dataclasses, json, time
 import jax
 import numpy as np
 from coremesh.testing.guide import PROGRAMS
 from coremesh.testing.sim import PATCH_NAMES, simulate
 
 mode, name, devices, reps, chip = {mode!r}, {name!r}, {devices}, {reps}, {chip!r}
+rows = {rows!r}
 kept = {kept!r}
-if mode == "coremesh":
+fast_path = mode != "interpreted"
+if mode in ("coremesh", "interpreted"):
     disabled = []
 elif mode == "unchecked":
     disabled = ["uninitialized_reads"]
@@ -72,9 +90,15 @@ if mode == "stock":
 def report(**kw):
     print("BENCH " + json.dumps(kw), flush=True)
 
+JNP = {{"add_one": lambda x: x + 1}}
+
 try:
-    with simulate(chip=chip, devices=devices, disable_patches=disabled, deadline=600) as sim:
+    with simulate(
+        chip=chip, devices=devices, disable_patches=disabled, deadline=600, fast_path=fast_path
+    ) as sim:
         program = PROGRAMS[name]
+        if rows:
+            program = dataclasses.replace(program, shape=(rows, program.shape[1]))
         mesh = sim.mesh()
         fn = program.build(mesh)
         inputs = program.make_inputs(mesh)
@@ -85,18 +109,39 @@ try:
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             wrong = int((got != want).sum())
             report(call=True, wall=wall, cpu=cpu, wrong=wrong, size=int(got.size))
+        report(paths=dict(sim.paths))
+        if mode == "coremesh" and name in JNP:
+            # The same math in jax.numpy, jitted, on the same host devices and inputs.
+            same = jax.jit(JNP[name])
+            jax.block_until_ready(same(*inputs))
+            for _ in range(max(reps, 5)):
+                wall = time.perf_counter()
+                jax.block_until_ready(same(*inputs))
+                report(jnp=time.perf_counter() - wall)
 except Exception as err:
     report(error=f"{{type(err).__name__}}: {{str(err).strip().splitlines()[0][:160]}}")
 """
 
 
 def run_worker(
-    mode: str, name: str, devices: int, reps: int, chip: str, timeout: float
+    mode: str,
+    name: str,
+    devices: int,
+    reps: int,
+    chip: str,
+    timeout: float,
+    rows: int | None = None,
 ) -> dict[str, Any]:
     """Run one program ``reps`` times in a fresh process; each finished call is reported as it
     ends, so a run that is slow but alive is told apart from one that never finishes a call."""
     code = WORKER.format(
-        mode=mode, name=name, devices=devices, reps=reps, chip=chip, kept=FIXES_KEPT_FOR_STOCK
+        mode=mode,
+        name=name,
+        devices=devices,
+        reps=reps,
+        chip=chip,
+        kept=FIXES_KEPT_FOR_STOCK,
+        rows=rows,
     )
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
@@ -131,6 +176,8 @@ def run_worker(
     result: dict[str, Any] = {
         "times": [c["wall"] for c in calls],
         "cpu_times": [c["cpu"] for c in calls],
+        "jnp_times": [e["jnp"] for e in events if "jnp" in e],
+        "paths": next((e["paths"] for e in events if "paths" in e), {}),
         "wall_s": wall,
         "detail": "",
     }
@@ -160,6 +207,8 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     cpu = result.get("cpu_times") or []
     cpu_warm = cpu[1:] or cpu
     out["warm_cpu_s"] = min(cpu_warm) if cpu_warm else None
+    jnp_times = result.get("jnp_times") or []
+    out["jnp_s"] = min(jnp_times) if jnp_times else None
     return out
 
 
@@ -188,11 +237,24 @@ def check_cost(row: dict[str, Any]) -> float | None:
     return float(on["warm_s"] / off["warm_s"])
 
 
+def vs_jnp(ours: dict[str, Any]) -> float | None:
+    """The simulator's warm time over the same math's in jax.numpy (same process, devices)."""
+    if ours["status"] != "ok" or not ours.get("jnp_s"):
+        return None
+    return float(ours["warm_s"] / ours["jnp_s"])
+
+
+def label(row: dict[str, Any]) -> str:
+    return row["program"] + (f" ({row['rows']} rows)" if row.get("rows") else "")
+
+
 def fmt_ratio(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.2f}x"
 
 
 def speedup(stock: dict[str, Any], ours: dict[str, Any]) -> str:
+    if stock["status"] == "not run":
+        return "-"
     if stock["status"] == "ok" and ours["status"] == "ok":
         wall = stock["warm_s"] / ours["warm_s"]
         cpu = stock["warm_cpu_s"] / ours["warm_cpu_s"]
@@ -212,20 +274,27 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     rows = []
-    for name, devices in CASES:
+    for name, devices, size in CASES:
         if args.only and name not in args.only:
             continue
-        row: dict[str, Any] = {"program": name, "devices": devices}
-        for mode in ("stock", "coremesh", "unchecked"):
+        row: dict[str, Any] = {"program": name, "devices": devices, "rows": size}
+        for mode in MODES:
+            if mode == "stock" and size is not None:
+                row[mode] = {"status": "not run", "detail": "not run at this size", "times": []}
+                continue
             # The simulator never needs long; a generous bound still catches a regression.
             timeout = args.timeout if mode == "stock" else max(args.timeout, 120.0)
-            row[mode] = summarize(run_worker(mode, name, devices, args.reps, args.chip, timeout))
+            row[mode] = summarize(
+                run_worker(mode, name, devices, args.reps, args.chip, timeout, size)
+            )
         row["speedup"] = speedup(row["stock"], row["coremesh"])
         row["check_cost"] = check_cost(row)
+        row["vs_jnp"] = vs_jnp(row["coremesh"])
         rows.append(row)
         print(
-            f"{name:16s} {devices} dev | stock: {cell(row['stock']):55s} | "
+            f"{label(row):24s} {devices} dev | stock: {cell(row['stock']):55s} | "
             f"coremesh: {cell(row['coremesh']):40s} | {row['speedup']} | "
+            f"interpreted: {cell(row['interpreted']):40s} | jnp: {fmt_ratio(row['vs_jnp'])} | "
             f"uninitialized-read check: {fmt_ratio(row['check_cost'])}",
             flush=True,
         )
@@ -264,8 +333,38 @@ def _jax_version() -> str:
 
 
 def goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    by = {(r["program"], r["devices"]): r for r in rows}
+    by = {(r["program"], r["devices"]): r for r in rows if not r.get("rows")}
     out = []
+    one = by.get(("add_one", 1))
+    if one is not None and one.get("vs_jnp") is not None:
+        c, slow = one["coremesh"], fmt_time(one["interpreted"].get("warm_s"))
+        out.append(
+            {
+                "goal": "add_one 1024x1024 f32, 1 device: within 100x of jax.numpy",
+                "met": one["vs_jnp"] <= 100,
+                "measured": f"{one['vs_jnp']:.1f}x ({fmt_time(c['warm_s'])} against "
+                f"{fmt_time(c['jnp_s'])}; interpreted: {slow})",
+            }
+        )
+    big = next((r for r in rows if r["program"] == "add_one" and r.get("rows")), None)
+    if one is not None and big is not None:
+        a, b = one["coremesh"], big["coremesh"]
+        ok = a["status"] == "ok" and b["status"] == "ok"
+        work = big["rows"] / GUIDE_ROWS
+        ratio = b["warm_s"] / a["warm_s"] if ok else None
+        out.append(
+            {
+                "goal": f"add_one on {big['devices']} devices x 2 cores with {work:g}x the rows of "
+                f"1 device: time grows with the work (at most {work:g}x the 1-device time)",
+                "met": bool(ratio is not None and ratio <= work),
+                "measured": (
+                    f"{ratio:.2f}x ({fmt_time(a['warm_s'])} -> {fmt_time(b['warm_s'])}; "
+                    f"jax.numpy on the same devices: {fmt_ratio(big.get('vs_jnp'))} of it)"
+                )
+                if ratio is not None
+                else f"1 device {a['status']}, {big['devices']} devices {b['status']}",
+            }
+        )
     add_one = by.get(("add_one", 1))
     if add_one is not None:
         s, c = add_one["stock"], add_one["coremesh"]
@@ -341,20 +440,22 @@ def lines_markdown(reports: list[dict[str, Any]]) -> str:
         f"| program | devices | {head} |",
         "|---|---|" + "---|" * len(reports),
     ]
-    keys = list(dict.fromkeys((r["program"], r["devices"]) for rep in reports for r in rep["rows"]))
-    for program, devices in keys:
+
+    def key(r: dict[str, Any]) -> tuple[str, int, int | None]:
+        return r["program"], r["devices"], r.get("rows")
+
+    keys = list(dict.fromkeys(key(r) for rep in reports for r in rep["rows"]))
+    for program, devices, size in keys:
         cells = []
         for rep in reports:
-            row = next(
-                (r for r in rep["rows"] if (r["program"], r["devices"]) == (program, devices)),
-                None,
-            )
+            row = next((r for r in rep["rows"] if key(r) == (program, devices, size)), None)
             cells.append(
                 "-"
                 if row is None
                 else f"{short(row['stock'])} / {short(row['coremesh'])} ({row['speedup']})"
             )
-        lines.append(f"| {program} | {devices} | {' | '.join(cells)} |")
+        name = program + (f" ({size} rows)" if size else "")
+        lines.append(f"| {name} | {devices} | {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -373,14 +474,21 @@ def markdown(report: dict[str, Any]) -> str:
         f"fastest of the rest); stock runs time out after {report['stock_timeout_s']:g} s.",
         f"Stock = {report['stock_means']}.",
         "",
+        "coremesh = the simulator as it runs by default (kernels on the compiled fast path "
+        "where it applies); interpreted = `simulate(fast_path=False)`; jax.numpy = the same "
+        "math jitted on the same host devices and inputs (add_one only).",
+        "",
         "| program | devices | stock | coremesh | speedup (warm wall time, CPU time) "
-        "| uninitialized-read check (with / without) |",
-        "|---|---|---|---|---|---|",
+        "| interpreted | coremesh / jax.numpy | uninitialized-read check (with / without) "
+        "| path |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
+        paths = "; ".join(sorted(set(r["coremesh"].get("paths", {}).values())))
         lines.append(
-            f"| {r['program']} | {r['devices']} | {cell(r['stock'])} | {cell(r['coremesh'])} "
-            f"| {r['speedup']} | {fmt_ratio(r.get('check_cost'))} |"
+            f"| {label(r)} | {r['devices']} | {cell(r['stock'])} | {cell(r['coremesh'])} "
+            f"| {r['speedup']} | {cell(r['interpreted'])} | {fmt_ratio(r.get('vs_jnp'))} "
+            f"| {fmt_ratio(r.get('check_cost'))} | {paths} |"
         )
     lines += ["", "## Goals", ""]
     for g in report["goals"]:

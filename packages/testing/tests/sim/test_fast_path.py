@@ -116,11 +116,30 @@ def test_a_dma_kernel_is_interpreted() -> None:
     assert "run_scoped" in only_path(sim) or "dma" in only_path(sim)
 
 
+def test_by_default_a_small_kernel_is_interpreted_and_a_large_one_compiled() -> None:
+    # double() makes 8 memory accesses as run (2 grid steps x a load, a store and 2 block
+    # copies); the guide's add_one 6,148 on a device (3,074 on each of its 2 cores).
+    with simulate("v5p", 1) as sim:
+        out = sim.run(double(), XS)
+        np.testing.assert_array_equal(np.asarray(out), XS * 2)
+        assert only_path(sim) == (
+            "interpreted: a small kernel (8 memory accesses as run, 4 as written): interpreting "
+            "it costs less than compiling it (simulate(fast_path=True) compiles it anyway)"
+        )
+        mesh = sim.mesh()
+        program = PROGRAMS["add_one"]
+        (x,) = program.make_inputs(mesh)
+        np.testing.assert_array_equal(np.asarray(sim.run(program.build(mesh), x)), x + 1)
+        assert sim.paths["add_one_kernel (guide.py:93)"] == "compiled"
+
+
 @pytest.mark.parametrize(
     ("options", "reason"),
     [
         ({"races": True}, "races=True"),
         ({"schedule": Schedule("random", seed=0)}, "schedule="),
+        # a regression test that leaves a fix out asks for the interpreter without it
+        ({"disable_patches": ["signal_core"]}, "disable_patches=['signal_core']"),
     ],
 )
 def test_simulator_wide_checks_send_every_kernel_to_the_interpreter(
@@ -130,6 +149,13 @@ def test_simulator_wide_checks_send_every_kernel_to_the_interpreter(
         out = sim.run(double(), XS)
     np.testing.assert_array_equal(np.asarray(out), XS * 2)
     assert only_path(sim).startswith(f"interpreted: {reason}")
+
+
+def test_without_the_uninitialized_read_check_kernels_still_run_compiled() -> None:
+    with simulate("v5p", 1, check_uninitialized=False, fast_path=True) as sim:
+        out = sim.run(double(), XS)
+    np.testing.assert_array_equal(np.asarray(out), XS * 2)
+    assert only_path(sim) == "compiled"
 
 
 def test_a_calls_own_interpret_params_send_it_to_the_interpreter() -> None:

@@ -191,13 +191,11 @@ def fill(shape: Sequence[int], dtype: Any, *, taint: bool, mode: str) -> Any:
     if layout is not None:
         bits = jnp.full(tuple(shape), shadow.tainted_nan(layout), layout[0])
         return lax.bitcast_convert_type(bits, dtype)
-    if mode == "zero":
-        return jnp.zeros(tuple(shape), dtype)
-    if jnp.issubdtype(dtype, jnp.floating):
-        return jnp.full(tuple(shape), jnp.nan, dtype)
-    if jnp.issubdtype(dtype, jnp.integer):
-        return jnp.full(tuple(shape), jnp.iinfo(dtype).max, dtype)
-    return jnp.full(tuple(shape), True, dtype)
+    # The interpreter's own value, read through its module so the simulator's patches to it
+    # (Mosaic's poison under ``jax_pallas_poison_buffers``) hold on this path too.
+    from jax._src.pallas.mosaic.interpret import utils
+
+    return jnp.full(tuple(shape), utils.get_uninitialized_value(dtype, mode), dtype)
 
 
 def _tainted(values: Any) -> Any:

@@ -29,3 +29,49 @@ def memory_space(aval: Any) -> str:
     ``"any"``, ...; ``"none"`` or ``"default"`` where the kernel left it to the default."""
     space = getattr(aval, "memory_space", None)
     return str(space).lower().rsplit(".", 1)[-1] if space is not None else "none"
+
+
+#: Equations that touch memory, each a callback when interpreted.
+_ACCESSES = frozenset(
+    {
+        "get",
+        "swap",
+        "addupdate",
+        "dma_start",
+        "dma_wait",
+        "semaphore_signal",
+        "semaphore_wait",
+        "load",
+        "store",
+    }
+)
+#: Trip count assumed for a ``while`` loop, whose count is known only at run time.
+WHILE_TRIPS = 8
+
+
+def accesses(jaxpr: Any) -> tuple[int, int]:
+    """(static, dynamic) counts of the memory accesses of ``jaxpr``: the equations as written,
+    and as run (a ``scan`` counts ``length`` times, a ``while`` :data:`WHILE_TRIPS` times, a
+    ``cond`` its costliest branch). Each is an interpreter callback; the static count is what
+    the compiled path traces and compiles."""
+    static = dynamic = 0
+    for eqn in getattr(getattr(jaxpr, "jaxpr", jaxpr), "eqns", ()):
+        name = eqn.primitive.name
+        if name in _ACCESSES:
+            static, dynamic = static + 1, dynamic + 1
+            continue
+        subs = []
+        for value in eqn.params.values():
+            items = value if isinstance(value, tuple | list) else (value,)
+            subs += [accesses(i) for i in items if hasattr(getattr(i, "jaxpr", i), "eqns")]
+        if not subs:
+            continue
+        if name == "cond":
+            static += sum(s for s, _ in subs)
+            dynamic += max(d for _, d in subs)
+            continue
+        trips = int(eqn.params.get("length", 1)) if name == "scan" else 1
+        trips = WHILE_TRIPS if name == "while" else trips
+        static += sum(s for s, _ in subs)
+        dynamic += trips * sum(d for _, d in subs)
+    return static, dynamic

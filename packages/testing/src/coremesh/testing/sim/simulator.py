@@ -76,6 +76,8 @@ class SimParams(InterpretParams):  # type: ignore[misc]
     patches_off: frozenset[str] = frozenset()
     #: why no kernel runs compiled ("": the fast path is on; see ``fast_path``)
     fast_path_off: str = ""
+    #: compile only kernels whose accesses, as run, outweigh compiling them (``"auto"``)
+    fast_path_auto: bool = False
     #: the fields a call's own ``InterpretParams`` set (such a call is interpreted)
     own_fields: frozenset[str] = frozenset()
 
@@ -103,7 +105,7 @@ class Simulator:
         check_uninitialized: bool = True,
         schedule: Schedule | None = None,
         disable_patches: Collection[str] = (),
-        fast_path: bool = False,
+        fast_path: bool | Literal["auto"] = "auto",
     ) -> None:
         record = get_chip(chip)
         if record.name not in _CHIP_VERSIONS:
@@ -154,12 +156,13 @@ class Simulator:
             check_uninitialized,
             "reads of unwritten memory are checked (True) or not (False)",
         )
-        _check_flag(
-            "fast_path",
-            fast_path,
-            "core-local kernels run as compiled XLA (True) or all kernels run in the "
-            "interpreter (False)",
-        )
+        if fast_path != "auto":
+            _check_flag(
+                "fast_path",
+                fast_path,
+                "core-local kernels run as compiled XLA where it pays ('auto'), wherever they "
+                "can (True), or all kernels run in the interpreter (False)",
+            )
         unknown = set(disable_patches) - set(patches.PATCH_NAMES)
         if unknown:
             raise CoremeshError(
@@ -184,8 +187,12 @@ class Simulator:
             uninitialized_memory=uninitialized_memory,
             random_seed=grid_seed,
             patches_off=self._disabled,
+            fast_path_auto=fast_path == "auto",
             fast_path_off=fast_path_module.off_reason(
-                fast_path=fast_path, races=races, schedule=schedule
+                fast_path=fast_path is not False,
+                races=races,
+                schedule=schedule,
+                disabled=frozenset(disable_patches),
             ),
         )
         self._paths: dict[str, str] = {}
@@ -386,7 +393,7 @@ def simulate(
     check_uninitialized: bool = True,
     schedule: Schedule | None = None,
     disable_patches: Collection[str] = (),
-    fast_path: bool = False,
+    fast_path: bool | Literal["auto"] = "auto",
 ) -> Simulator:
     """A context in which unchanged Pallas TPU code runs on the CPU as ``devices`` x ``chip``.
 
@@ -418,11 +425,16 @@ def simulate(
         ``dma_execution_mode``. :func:`coremesh.testing.explore` runs a kernel under many.
       disable_patches: names from ``patches.PATCH_NAMES`` to leave out; for regression tests
         that show what each fix is for.
-      fast_path: opt-in while it is new: run core-local ``pallas_call`` kernels (only pipeline
-        blocks, VMEM/SMEM scratch, compute and plain loads and stores) as compiled XLA, with
-        the same checks (:mod:`coremesh.testing.sim.fast_path`); every other kernel, and every
-        kernel under ``races=True`` or a ``schedule``, is interpreted. ``sim.paths`` says which
-        path each kernel took. False (the default) interprets every kernel.
+      fast_path: ``"auto"`` (the default) runs a kernel whose cores touch only their own
+        VMEM/SMEM and their device's HBM through DMAs they wait for themselves (``pallas_call``
+        pipelines, ``pl.kernel`` / ``core_map`` over a TensorCore mesh with local DMAs) as
+        compiled XLA, with the same checks and results
+        (:mod:`coremesh.testing.sim.fast_path`), when its memory accesses as run outweigh
+        compiling it (a kernel of a few hundred accesses runs sooner interpreted than
+        compiled); True compiles every kernel that can be; False interprets every kernel
+        (upstream's interpreter plus the fixes: the reference the fast path is tested
+        against). Every kernel under ``races=True``, a ``schedule`` or ``disable_patches`` is
+        interpreted. ``sim.paths`` says which path each kernel took, and why.
 
     It is always the simulator. Tests that should also run on a TPU VM (``nox -s tpu_tests``)
     take their slice from the pytest plugin's ``sim`` or ``slice_target`` fixture instead, which
