@@ -920,7 +920,8 @@ PATCHES: tuple[Patch, ...] = (
         "fast_path",
         "every load and store of an interpreted kernel is a host callback (tens of µs; "
         "interpret_pallas_call.py get/store/swap) and so is each pipeline block copy: "
-        "core-local pallas_calls run as compiled XLA instead (simulate(fast_path=...))",
+        "core-local pallas_calls and TensorCore-mesh kernels of local DMAs run as compiled XLA "
+        "instead, where that pays (simulate(fast_path=...))",
         _fast_path_targets,
     ),
     Patch(
