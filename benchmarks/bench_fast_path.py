@@ -1,10 +1,10 @@
 """Benchmark: JAX's shipped matmul and flash_attention on the simulator against ``jax.numpy``.
 
 Each kernel runs warm in one process, on the compiled fast path (``simulate(fast_path=True)``;
-the default, ``"auto"``, compiles both at these sizes too) and interpreted (``fast_path=False``), beside its ``jax.numpy`` version on the same
-host device; the table gives each path's time over jnp's, and the path each kernel took
-(``sim.paths``). Goals (issue 17): flash_attention within 3x and matmul within 2x of jnp on the
-fast path.
+the default, ``"auto"``, compiles both at these sizes too) and interpreted
+(``fast_path=False``), beside its ``jax.numpy`` version on the same host device; the table gives
+each path's time over jnp's, and the path each kernel took (``sim.paths``). Goals (issue 17):
+flash_attention within 3x and matmul within 2x of jnp on the fast path.
 
     python benchmarks/bench_fast_path.py [--out bench-results/] [--reps 5]
 

@@ -245,7 +245,7 @@ def vs_jnp(ours: dict[str, Any]) -> float | None:
 
 
 def label(row: dict[str, Any]) -> str:
-    return row["program"] + (f" ({row['rows']} rows)" if row.get("rows") else "")
+    return str(row["program"]) + (f" ({row['rows']} rows)" if row.get("rows") else "")
 
 
 def fmt_ratio(ratio: float | None) -> str:
