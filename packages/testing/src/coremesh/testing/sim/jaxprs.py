@@ -15,13 +15,19 @@ def all_eqns(jaxpr: Any) -> list[Any]:
         inner = stack.pop()
         for eqn in getattr(inner, "eqns", ()):
             out.append(eqn)
-            for value in eqn.params.values():
-                items = value if isinstance(value, tuple | list) else (value,)
-                for item in items:
-                    sub = getattr(item, "jaxpr", item)
-                    if hasattr(sub, "eqns"):
-                        stack.append(sub)
+            stack += sub_jaxprs(eqn)
     return out
+
+
+def sub_jaxprs(eqn: Any) -> list[Any]:
+    """The jaxprs in ``eqn``'s parameters (a loop's body, a conditional's branches, ...)."""
+    subs = []
+    for value in eqn.params.values():
+        for item in value if isinstance(value, tuple | list) else (value,):
+            sub = getattr(item, "jaxpr", item)
+            if hasattr(sub, "eqns"):
+                subs.append(sub)
+    return subs
 
 
 def memory_space(aval: Any) -> str:
@@ -60,10 +66,7 @@ def accesses(jaxpr: Any) -> tuple[int, int]:
         if name in _ACCESSES:
             static, dynamic = static + 1, dynamic + 1
             continue
-        subs = []
-        for value in eqn.params.values():
-            items = value if isinstance(value, tuple | list) else (value,)
-            subs += [accesses(i) for i in items if hasattr(getattr(i, "jaxpr", i), "eqns")]
+        subs = [accesses(sub) for sub in sub_jaxprs(eqn)]
         if not subs:
             continue
         if name == "cond":
