@@ -122,6 +122,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "sparsecore_axes",
         "sparsecore_primitives",
         "mpmd_refusal",
+        "closed_scalars",
         "own_interpret_params",  # tests/sim/test_own_interpret_params.py
         "compile_cache",
         "fast_transforms",
@@ -383,6 +384,94 @@ def test_mpmd_refusal() -> None:
     with simulate(devices=1), pytest.raises(MeshError, match="cannot run on the simulator") as e:
         mpmd_add_one()
     assert e.value.chip == "v5p" and "compile-only target" in str(e.value.fix)
+
+
+# closed_scalars ---------------------------------------------------------------------------
+
+
+def closed_scalar_kernel(kind: str) -> Any:
+    """``jax.jit(f)`` whose kernel body closes over ``f``'s traced scalar ``n`` and writes
+    ``3 * n + 1`` to 16 int32 outputs, on one core of a TensorCore, vector-subcore or
+    scalar-subcore mesh."""
+    out = jax.ShapeDtypeStruct((16,), jnp.int32)
+    if kind == "tensorcore":
+        mesh: Any = stock_tensorcore_mesh()
+        scratch: Any = pltpu.VMEM((16,), jnp.int32)
+    elif kind == "vector_subcore":
+        mesh = plsc.VectorSubcoreMesh(core_axis_name="core", subcore_axis_name="subcore")
+        scratch = pltpu.VMEM((16,), jnp.int32)
+    else:
+        mesh = plsc.ScalarSubcoreMesh(axis_name="core", num_cores=2)
+        scratch = pltpu.SMEM((16,), jnp.int32)
+
+    def f(n: jax.Array) -> jax.Array:
+        def body(o_hbm: Any, buf: Any) -> None:
+            first = jax.lax.axis_index("core") == 0
+            if kind == "vector_subcore":
+                first = first & (jax.lax.axis_index("subcore") == 0)
+
+            @pl.when(first)
+            def _() -> None:
+                if kind == "scalar_subcore":
+                    for i in range(16):
+                        buf[i] = 3 * n + 1
+                else:
+                    buf[...] = jnp.full((16,), 3 * n + 1, jnp.int32)
+                pltpu.sync_copy(buf, o_hbm)
+
+        return pl.kernel(body, out_type=out, mesh=mesh, scratch_types=[scratch])()
+
+    return jax.jit(f)
+
+
+@pytest.mark.parametrize("kind", ["tensorcore", "vector_subcore", "scalar_subcore"])
+def test_closed_scalars(kind: str) -> None:
+    n = jnp.int32(41)
+    with (
+        simulate(devices=1, disable_patches=["closed_scalars"]),
+        pytest.raises(TypeError, match="same dtypes, got int32, int16"),
+    ):
+        closed_scalar_kernel(kind)(n)  # the body got the scalar's int16 buffer id
+    for fast_path in (False, True):
+        with simulate(devices=1, fast_path=fast_path):
+            got = np.asarray(closed_scalar_kernel(kind)(n))
+        np.testing.assert_array_equal(got, np.full(16, 3 * 41 + 1, np.int32))
+
+
+def test_closed_scalar_sizes_a_dynamic_pipeline_grid() -> None:
+    """JAX's megacore test shape: a traced grid size split between a v5p's two TensorCores by
+    ``emit_pipeline(core_axis_name=...)``; each core counts its own iterations."""
+
+    @jax.jit
+    def f(n: jax.Array) -> jax.Array:
+        def body(o_hbm: Any, count: Any) -> None:
+            count[...] = jnp.zeros_like(count)
+
+            def step() -> None:
+                count[...] += 1
+
+            pltpu.emit_pipeline(
+                step,
+                grid=(n,),
+                in_specs=[],
+                out_specs=[],
+                core_axis_name="core",
+                dimension_semantics=(pltpu.PARALLEL,),
+            )()
+            pltpu.sync_copy(count, o_hbm.at[jax.lax.axis_index("core")])
+
+        return pl.kernel(
+            body,
+            out_type=jax.ShapeDtypeStruct((2, 8, 128), jnp.int32),
+            mesh=stock_tensorcore_mesh(),
+            scratch_types=[pltpu.VMEM((8, 128), jnp.int32)],
+        )()
+
+    with simulate(devices=1):
+        got = np.asarray(f(jnp.int32(5)))
+    # 5 iterations over 2 cores: the first core takes the extra one (pipeline.py _partition_grid)
+    np.testing.assert_array_equal(got[:, 0, 0], [3, 2])
+    assert (got == got[:, :1, :1]).all()
 
 
 # compile_cache ----------------------------------------------------------------------------

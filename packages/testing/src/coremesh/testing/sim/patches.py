@@ -853,6 +853,12 @@ def _scoped_refs_targets() -> list[tuple[Any, str, Any]]:
     return scoped_refs.targets()
 
 
+def _closed_scalars_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import closed_scalars
+
+    return closed_scalars.targets()
+
+
 def _refusal_targets() -> list[tuple[Any, str, Any]]:
     from coremesh.testing.sim import refusals
 
@@ -949,6 +955,14 @@ PATCHES: tuple[Patch, ...] = (
         "pl.kernel over several meshes (MPMD) fails to lower in interpret mode with "
         "'NotImplementedError: Lowering multiple mesh/function pairs' (mpmd.py:500)",
         _mpmd_targets,
+    ),
+    Patch(
+        "closed_scalars",
+        "a scalar a pl.kernel / core_map body closes over reaches it as its int16 buffer id: "
+        "the CPU lowering (mpmd.py _mpmd_map_fallback_lowering) skips Mosaic's rewrite of it "
+        "into a (1,) SMEM ref (pallas_call_registration.py _rewrite_jaxpr_for_lowering), so "
+        "'n * 3' raises 'lax.mul requires arguments to have the same dtypes, got int16, int32'",
+        _closed_scalars_targets,
     ),
     Patch(
         "own_interpret_params",

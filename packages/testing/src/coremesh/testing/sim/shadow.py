@@ -152,12 +152,23 @@ def _view(written: np.ndarray, rnge: Any) -> np.ndarray | None:
     return view
 
 
+#: (file name suffix, functions) of the rewrites whose whole-ref reads keep only what was
+#: written: a SparseCore gather or scatter (coremesh's), and Mosaic's closed-over scalar on a
+#: vector subcore (jax's rewrite, traced under ``closed_scalars``: one lane written, all read,
+#: lane 0 kept).
+_RULES = (
+    ("sparsecore.py", ("_gather", "_scatter")),
+    ("closed_scalars.py", ("fallback_lowering",)),
+)
+
+
 def _from_rule(source_info: Any) -> bool:
-    """Is this read the whole-ref read of a rewritten SparseCore gather or scatter?"""
+    """Is this read the whole-ref read of one of the rewrites in ``_RULES``?"""
     frames = getattr(getattr(source_info, "traceback", None), "frames", ())
     return any(
-        f.file_name.endswith("sparsecore.py") and f.function_name in ("_gather", "_scatter")
+        f.file_name.endswith(suffix) and f.function_name.rsplit(".", 1)[-1] in names
         for f in frames
+        for suffix, names in _RULES
     )
 
 
