@@ -202,6 +202,32 @@ def test_io_callback_host_copy(hanging_runs: dict[str, Pending]) -> None:
         np.testing.assert_array_equal(got, want)
 
 
+def test_callbacks_run_outside_the_callers_mesh() -> None:
+    """JAX's test_shard_map_check_vma: a pallas_call under jax.set_mesh with Explicit axes. The
+    simulator's callback (io_callback_impl, swapped by this patch) must leave the caller's mesh
+    as upstream's does from jax 0.12, or the 2-core chip's per-core programs are traced in it
+    and fail: 'Closing over inputs to shard_map ... sharded on `Explicit` axes'."""
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    def copy(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref[...]
+
+    with simulate(devices=1):
+        mesh = jax.make_mesh((1,), ("x",), axis_types=(AxisType.Explicit,))
+        with jax.set_mesh(mesh):
+            x = jax.device_put(jnp.arange(128 * 128, dtype=jnp.float32).reshape(128, 128),
+                               NamedSharding(mesh, P("x")))  # fmt: skip
+
+            @jax.jit
+            @partial(jax.shard_map, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+            def inner(x: jax.Array) -> jax.Array:
+                return pl.pallas_call(copy, out_shape=jax.typeof(x))(x)
+
+            got = np.asarray(inner(x))
+    np.testing.assert_array_equal(got, np.arange(128 * 128, dtype=np.float32).reshape(128, 128))
+
+
 # intercore --------------------------------------------------------------------------------
 
 

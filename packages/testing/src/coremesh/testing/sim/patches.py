@@ -217,7 +217,8 @@ def _host_devices_targets() -> list[tuple[Any, str, Any]]:
 
 
 def _io_callback_targets() -> list[tuple[Any, str, Any]]:
-    from jax._src import callback, config, tree_util
+    from jax._src import callback, config, sharding_impls, tree_util
+    from jax._src import mesh as mesh_lib
     from jax._src import xla_bridge as xb
 
     cpu = xb.get_backend("cpu").local_devices()[0]
@@ -232,7 +233,15 @@ def _io_callback_targets() -> list[tuple[Any, str, Any]]:
         del result_avals, sharding, ordered
         WATCHDOG.progress()
         copies = [a.copy() if type(a) is np.ndarray else np.array(a, copy=True) for a in args]
-        with config.default_device(cpu):
+        # Outside the calling thread's meshes, as upstream's impl from jax 0.12 (callback.py
+        # io_callback_impl): under jax.set_mesh with Explicit axes, a multi-core kernel's
+        # per-core programs would be traced in the user's mesh and fail to close over their
+        # operands ("Closing over inputs to shard_map ... on `Explicit` axes").
+        with (
+            config.default_device(cpu),
+            sharding_impls._internal_use_concrete_mesh(mesh_lib.empty_concrete_mesh),
+            mesh_lib.use_abstract_mesh(mesh_lib.empty_abstract_mesh),
+        ):
             out = callback(*copies)  # args arrive flat; results are mostly a flat tuple
         if type(out) is tuple and all(type(o) is np.ndarray for o in out):
             return out
