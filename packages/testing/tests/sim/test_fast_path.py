@@ -332,3 +332,49 @@ def test_scalar_prefetch_steers_the_blocks_on_both_paths() -> None:
         with simulate("v5p", 1, fast_path=fast) as sim:
             np.testing.assert_array_equal(np.asarray(sim.run(f, order, XS)), want)
         assert only_path(sim) == ("compiled" if fast else "interpreted: simulate(fast_path=False)")
+
+
+def scaled_by_step(x_ref: Any, o_ref: Any) -> None:
+    o_ref[...] = x_ref[...] * (pl.program_id(0) + 1).astype(jnp.float32)
+
+
+def test_each_cores_blocks_land_where_the_interpreter_puts_them() -> None:
+    # 8 row blocks (the last partial) over 2 cores, visited in the simulator's seeded order, so
+    # each core's share is scattered over the output: the compiled path runs the shares at
+    # once on host threads and merges what each wrote.
+    x = np.random.default_rng(2).standard_normal((60, 128)).astype(np.float32)
+    f = pl.pallas_call(
+        scaled_by_step,
+        out_shape=jax.ShapeDtypeStruct((60, 128), jnp.float32),
+        grid=(8,),
+        in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+    )
+    want = x * np.repeat(np.arange(1, 9, dtype=np.float32), 8)[:60, None]
+    for fast in (True, False):
+        with simulate("v5p", 1, fast_path=fast) as sim:
+            np.testing.assert_array_equal(np.asarray(sim.run(f, x)), want)
+        assert only_path(sim) == ("compiled" if fast else "interpreted: simulate(fast_path=False)")
+
+
+@pytest.mark.parametrize("step", [0, 1, 2, 3])
+def test_a_fault_in_either_cores_share_is_raised_on_the_fast_path(step: int) -> None:
+    # Only one grid step reads past its ref, in one core's share (run on a host thread).
+    def body(x_ref: Any, o_ref: Any) -> None:
+        start = jnp.where(pl.program_id(0) == step, 12, 0)
+        o_ref[...] = x_ref[pl.ds(start, 8), :]
+
+    f = pl.pallas_call(
+        body,
+        out_shape=jax.ShapeDtypeStruct((32, 128), jnp.float32),
+        grid=(4,),
+        in_specs=[pl.BlockSpec((16, 128), lambda i: (0, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+    )
+    with simulate("v5p", 1, fast_path=True) as sim:
+        with pytest.raises(SimulationFault, match="out of bounds") as info:
+            sim.run(f, XS)
+        assert only_path(sim) == "compiled"
+    assert "12..19" in str(info.value)

@@ -10,8 +10,11 @@ and the simulator's checks do is kept, in the loop:
   output block starts fresh when its block index changes or a core starts, and is written back;
   scratch lives across steps and starts fresh on each core. On a 2-core chip the iterations of
   the leading "parallel" dimensions are visited in the interpreter's (seeded, shuffled) order
-  and split between the cores as it splits them (core 0 the first half), one core after the
-  other;
+  and split between the cores as it splits them (core 0 the first half); each core's share is
+  its own compiled loop, the shares run at once on host threads (XLA:CPU runs two loops of one
+  program one after the other), and each output element is the last write of the last core
+  that wrote it (cores write disjoint blocks unless they race, where the interpreter's result
+  is either core's);
 * a block index outside the operand, and a load or store outside its ref (dynamic indices are
   checked where they are discharged, :func:`checked_rules`), raise :class:`SimulationFault`;
 * with the uninitialized-read check on, fresh blocks, scratch and padding hold shadow's tagged
@@ -25,8 +28,10 @@ and the simulator's checks do is kept, in the loop:
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import math
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -321,8 +326,6 @@ def run(
     seed: int | None,
 ) -> list[Any]:
     """The outputs of the kernel ``jaxpr`` over its grid (traced inside the call's lowering)."""
-    from jax._src import core as jax_core
-    from jax._src.pallas import core as pallas_core
     from jax._src.pallas import hlo_interpreter
     from jax._src.pallas.mosaic import core as mosaic_core
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
@@ -334,23 +337,8 @@ def run(
         )
     finally:
         _tls.checking = False
-    filler = functools.partial(fill, taint=taint, mode=mode)
     grid = tuple(int(g) for g in grid_mapping.grid)
-    scalars = args[grid_mapping.slice_index_ops]
-    operands = args[len(scalars) :]
-    mappings = grid_mapping.block_mappings
-    outputs = mappings[len(operands) :]
-    shapes = [tuple(pallas_core._get_block_shape(bm.block_shape)) for bm in mappings]
-    squeezes = [_block_kinds(bm) for bm in mappings]
-    ins = [_pad(x, s, filler) for x, s in zip(operands, shapes, strict=False)]
-    outs = [
-        filler(
-            tuple(-(-d // b) * b for d, b in zip(bm.array_aval.shape, s, strict=True)),
-            bm.array_aval.dtype,
-        )
-        for bm, s in zip(outputs, shapes[len(operands) :], strict=True)
-    ]
-    scratch = [filler(a.shape, a.dtype) for a in scratch_avals]
+    n_scalars = len(args[grid_mapping.slice_index_ops])
     n = math.prod(grid)
     semantics = getattr(compiler_params, "dimension_semantics", None) or ()
     parallel = 1
@@ -359,72 +347,27 @@ def run(
             break
         parallel *= size
     per_core = -(-parallel // cores) * (n // parallel) if n else 1
-    # The interpreter's order of the parallel grid points (seeded, the same permutation).
-    coords = ipc._get_randomized_grid_coordinates(
-        grid, compiler_params or mosaic_core.CompilerParams(), seed
+    loop = _GridLoop(
+        body=body,
+        scratch_avals=scratch_avals,
+        grid_mapping=grid_mapping,
+        n_scalars=n_scalars,
+        per_core=per_core,
+        # The interpreter's order of the parallel grid points (seeded, the same permutation).
+        coords=ipc._get_randomized_grid_coordinates(
+            grid, compiler_params or mosaic_core.CompilerParams(), seed
+        ),
+        name=name,
+        filler=functools.partial(fill, taint=taint, mode=mode),
     )
-    padded = [x.shape for x in ins] + [o.shape for o in outs]
-
-    def step(carry: tuple[Any, ...]) -> tuple[Any, ...]:
-        i, loop_idx, prev, out_vals, scratch_vals = carry
-        first = (i % per_core) == 0 if per_core < n else i == 0
-        point = tuple(li if c.size == 0 else c[li] for li, c in zip(loop_idx, coords, strict=True))
-        env = tuple(pallas_core.GridAxis(idx, b) for idx, b in zip(point, grid, strict=True))
-        with pallas_core.grid_env(env):
-            starts = [tuple(bm.compute_start_indices_interpret(point, *scalars)) for bm in mappings]
-        bad = [
-            (s < 0) | (s + b > f)
-            for start, shape, full in zip(starts, shapes, padded, strict=True)
-            for s, b, f in zip(start, shape, full, strict=True)
-        ]
-        if bad:  # one check per step for every block
-            flat = [s for start in starts for s in start]
-            report = functools.partial(_raise_block, name, shapes, padded)
-            when(functools.reduce(jnp.logical_or, bad), report, *flat)
-        if per_core < n:
-            scratch_vals = [jnp.where(first, filler(v.shape, v.dtype), v) for v in scratch_vals]
-        in_blocks = [
-            _slice(x, s, b, q) for x, s, b, q in zip(ins, starts, shapes, squeezes, strict=False)
-        ]
-        out_blocks = []
-        o0 = len(ins)
-        for k, value in enumerate(out_vals):
-            start = starts[o0 + k]
-            changed = functools.reduce(
-                jnp.logical_or,
-                [jnp.asarray(a, jnp.int32) != b for a, b in zip(start, prev[k], strict=True)],
-                first,
-            )
-            block = _slice(value, start, shapes[o0 + k], squeezes[o0 + k])
-            out_blocks.append(jnp.where(changed, filler(block.shape, block.dtype), block))
-        with pallas_core.grid_env(env):
-            results = jax_core.eval_jaxpr(
-                body, body_consts, *scalars, *in_blocks, *out_blocks, *scratch_vals
-            )
-        results = results[len(scalars) :]
-        new_outs = [
-            _update(value, block, starts[o0 + k], shapes[o0 + k], squeezes[o0 + k])
-            for k, (value, block) in enumerate(
-                zip(out_vals, results[o0 : o0 + len(outs)], strict=True)
-            )
-        ]
-        new_scratch = list(results[o0 + len(outs) :])
-        nxt = []
-        carry_on = jnp.bool_(True)
-        for size, index in reversed(list(zip(grid, loop_idx, strict=True))):
-            bumped = jnp.where(carry_on, index + 1, index)
-            carry_on = bumped == size
-            nxt.append(jnp.where(carry_on, 0, bumped))
-        prev_new = tuple(
-            tuple(jnp.asarray(s, jnp.int32) for s in starts[o0 + k]) for k in range(len(outs))
-        )
-        return i + 1, tuple(reversed(nxt)), prev_new, new_outs, new_scratch
-
-    prev0 = tuple(tuple(jnp.int32(-1) for _ in shapes[o0]) for o0 in range(len(ins), len(mappings)))
-    carry0 = (jnp.int32(0), (jnp.int32(0),) * len(grid), prev0, outs, scratch)
-    _, _, _, outs, _ = lax.while_loop(lambda c: c[0] < n, step, carry0)
+    shares = [(c * per_core, min((c + 1) * per_core, n)) for c in range(cores)]
+    shares = [(a, b) for a, b in shares if a < b]
+    if len(shares) > 1:
+        outs = _on_threads(loop, shares, body_consts, args)
+    else:
+        outs, _ = loop(0, n, body_consts, *args)
     results = []
-    for k, (padded_out, bm) in enumerate(zip(outs, outputs, strict=True)):
+    for k, (padded_out, bm) in enumerate(zip(outs, loop.outputs, strict=True)):
         value = lax.slice(padded_out, (0,) * padded_out.ndim, bm.array_aval.shape)
         if taint and shadow.taint_layout(np.dtype(value.dtype)) is not None:
             mask = _tainted(value).reshape(-1)
@@ -434,6 +377,210 @@ def run(
             when(count > 0, report, count, first_hit, *args)
         results.append(value)
     return results
+
+
+class _GridLoop:
+    """The steps ``[start, stop)`` of a kernel's grid as one ``while_loop``: a whole single-core
+    grid, or one core's share of it. A share starts as its core does (fresh outputs and
+    scratch) and also returns, per output, which elements it wrote back."""
+
+    def __init__(
+        self,
+        *,
+        body: Any,
+        scratch_avals: Sequence[Any],
+        grid_mapping: Any,
+        n_scalars: int,
+        per_core: int,
+        coords: Any,
+        name: str | None,
+        filler: Callable[..., Any],
+    ) -> None:
+        from jax._src.pallas import core as pallas_core
+
+        self.body, self.scratch_avals, self.name, self.filler = body, scratch_avals, name, filler
+        self.grid = tuple(int(g) for g in grid_mapping.grid)
+        self.n_scalars, self.per_core, self.coords = n_scalars, per_core, coords
+        self.mappings = grid_mapping.block_mappings
+        self.n_in = len(self.mappings) - grid_mapping.num_outputs
+        self.outputs = self.mappings[self.n_in :]
+        self.shapes = [tuple(pallas_core._get_block_shape(bm.block_shape)) for bm in self.mappings]
+        self.squeezes = [_block_kinds(bm) for bm in self.mappings]
+        self.out_shapes = [
+            tuple(-(-d // b) * b for d, b in zip(bm.array_aval.shape, s, strict=True))
+            for bm, s in zip(self.outputs, self.shapes[self.n_in :], strict=True)
+        ]
+
+    def __call__(
+        self,
+        start: Any,
+        stop: Any,
+        consts: Sequence[Any],
+        *args: Any,
+        track: bool = False,
+        coords: Sequence[Any] | None = None,
+    ) -> tuple[list[Any], list[Any]]:
+        """(padded outputs, written masks: empty unless ``track``) after steps start..stop."""
+        from jax._src import core as jax_core
+        from jax._src.pallas import core as pallas_core
+
+        filler, grid, shapes, squeezes = self.filler, self.grid, self.shapes, self.squeezes
+        n, per_core, n_in = math.prod(grid), self.per_core, self.n_in
+        scalars = args[: self.n_scalars]
+        ins = [_pad(x, s, filler) for x, s in zip(args[self.n_scalars :], shapes, strict=False)]
+        outs = [
+            filler(s, bm.array_aval.dtype)
+            for s, bm in zip(self.out_shapes, self.outputs, strict=True)
+        ]
+        scratch = [filler(a.shape, a.dtype) for a in self.scratch_avals]
+        masks = [jnp.zeros(s, jnp.bool_) for s in self.out_shapes] if track else []
+        padded = [x.shape for x in ins] + [o.shape for o in outs]
+        body, name = self.body, self.name
+        coords = self.coords if coords is None else coords
+
+        def step(carry: tuple[Any, ...]) -> tuple[Any, ...]:
+            i, loop_idx, prev, out_vals, scratch_vals, mask_vals = carry
+            first = (i % per_core) == 0 if per_core < n else i == 0
+            point = tuple(
+                li if c.size == 0 else c[li] for li, c in zip(loop_idx, coords, strict=True)
+            )
+            env = tuple(pallas_core.GridAxis(idx, b) for idx, b in zip(point, grid, strict=True))
+            with pallas_core.grid_env(env):
+                starts = [
+                    tuple(bm.compute_start_indices_interpret(point, *scalars))
+                    for bm in self.mappings
+                ]
+            bad = [
+                (s < 0) | (s + b > f)
+                for start, shape, full in zip(starts, shapes, padded, strict=True)
+                for s, b, f in zip(start, shape, full, strict=True)
+            ]
+            if bad:  # one check per step for every block
+                flat = [s for start in starts for s in start]
+                report = functools.partial(_raise_block, name, shapes, padded)
+                when(functools.reduce(jnp.logical_or, bad), report, *flat)
+            if per_core < n:
+                scratch_vals = [jnp.where(first, filler(v.shape, v.dtype), v) for v in scratch_vals]
+            in_blocks = [
+                _slice(x, s, b, q)
+                for x, s, b, q in zip(ins, starts, shapes, squeezes, strict=False)
+            ]
+            out_blocks = []
+            for k, value in enumerate(out_vals):
+                start = starts[n_in + k]
+                changed = functools.reduce(
+                    jnp.logical_or,
+                    [jnp.asarray(a, jnp.int32) != b for a, b in zip(start, prev[k], strict=True)],
+                    first,
+                )
+                block = _slice(value, start, shapes[n_in + k], squeezes[n_in + k])
+                out_blocks.append(jnp.where(changed, filler(block.shape, block.dtype), block))
+            with pallas_core.grid_env(env):
+                results = jax_core.eval_jaxpr(
+                    body, consts, *scalars, *in_blocks, *out_blocks, *scratch_vals
+                )
+            results = results[len(scalars) :]
+            written = results[n_in : n_in + len(outs)]
+            new_outs = [
+                _update(value, block, starts[n_in + k], shapes[n_in + k], squeezes[n_in + k])
+                for k, (value, block) in enumerate(zip(out_vals, written, strict=True))
+            ]
+            mask_vals = [
+                _update(
+                    m,
+                    jnp.ones(b.shape, jnp.bool_),
+                    starts[n_in + k],
+                    shapes[n_in + k],
+                    squeezes[n_in + k],
+                )
+                for k, (m, b) in enumerate(zip(mask_vals, written, strict=False))
+            ]
+            new_scratch = list(results[n_in + len(outs) :])
+            nxt = []
+            carry_on = jnp.bool_(True)
+            for size, index in reversed(list(zip(grid, loop_idx, strict=True))):
+                bumped = jnp.where(carry_on, index + 1, index)
+                carry_on = bumped == size
+                nxt.append(jnp.where(carry_on, 0, bumped))
+            prev_new = tuple(
+                tuple(jnp.asarray(s, jnp.int32) for s in starts[n_in + k]) for k in range(len(outs))
+            )
+            return i + 1, tuple(reversed(nxt)), prev_new, new_outs, new_scratch, mask_vals
+
+        start = jnp.asarray(start, jnp.int32)
+        index, rest = [], start
+        for size in reversed(grid):  # the multi-index of the share's first step
+            index.append(rest % size)
+            rest = rest // size
+        prev0 = tuple(tuple(jnp.int32(-1) for _ in shapes[k]) for k in range(n_in, len(shapes)))
+        carry0 = (start, tuple(reversed(index)), prev0, outs, scratch, masks)
+        carry = lax.while_loop(lambda c: c[0] < stop, step, carry0)
+        return list(carry[3]), list(carry[5])
+
+
+#: Host threads that run the shares of a multi-core chip's grid beside the caller's thread.
+_POOL: list[concurrent.futures.ThreadPoolExecutor] = []
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    with _POOL_LOCK:
+        if not _POOL:
+            workers = max(2, os.cpu_count() or 2)
+            _POOL.append(concurrent.futures.ThreadPoolExecutor(workers, "coremesh-core"))
+        return _POOL[0]
+
+
+def _on_threads(
+    loop: _GridLoop, shares: list[tuple[int, int]], consts: Sequence[Any], args: Sequence[Any]
+) -> list[Any]:
+    """The padded outputs of a grid split between cores, each core's share run at once on its
+    own host thread as one compiled loop (XLA:CPU runs two loops of one program one after the
+    other), merged as the interpreter's cores leave them: each element holds the last write of
+    the last core that wrote it (cores write disjoint blocks unless they race)."""
+    from jax._src import mesh as mesh_lib
+
+    compiled: list[Any] = []
+    lock = threading.Lock()
+    traced_in = mesh_lib.get_abstract_mesh()
+
+    n_consts, n_coords = len(consts), len(loop.coords)
+
+    def share(start: Any, stop: Any, *flat: Any) -> Any:
+        consts, coords = flat[:n_consts], flat[n_consts : n_consts + n_coords]
+        return loop(start, stop, consts, *flat[n_consts + n_coords :], track=True, coords=coords)
+
+    def host(*flat: Any) -> Any:
+        with lock:  # compiled once per lowering, on the caller's thread (inside simulate())
+            if not compiled:
+                bounds = (np.int32(0), np.int32(0))
+                # Traced in the mesh the kernel's values were (under shard_map, its manual
+                # axes), not the caller's at run time.
+                with mesh_lib.use_abstract_mesh(traced_in):
+                    compiled.append(jax.jit(share).lower(*bounds, *flat).compile())
+        fn = compiled[0]
+        flat = jax.device_put(flat)  # once, for every share
+        # Every share on a pool thread: a program the simulator runs in the user's thread
+        # raises its fault there (patches.py, execute), and these must reach the caller's call.
+        runs = [_pool().submit(fn, np.int32(a), np.int32(b), *flat) for a, b in shares]
+        done = [r.result() for r in runs]
+        return [[*outs, *masks] for outs, masks in done]
+
+    specs = [
+        jax.ShapeDtypeStruct(s, bm.array_aval.dtype)
+        for s, bm in zip(loop.out_shapes, loop.outputs, strict=True)
+    ]
+    specs += [jax.ShapeDtypeStruct(s, np.bool_) for s in loop.out_shapes]
+    # The operands, the body's constants and the grid order are values of the caller's trace.
+    per_core = jax.pure_callback(host, [specs] * len(shares), *consts, *loop.coords, *args)
+    count = len(loop.outputs)
+    merged = list(per_core[0][:count])
+    for later in per_core[1:]:
+        merged = [
+            jnp.where(mask, value, base)
+            for base, value, mask in zip(merged, later[:count], later[count:], strict=True)
+        ]
+    return merged
 
 
 def explained(err: Exception) -> Exception | None:
