@@ -269,6 +269,12 @@ def _update(
     return lax.dynamic_update_slice(value, block, [jnp.asarray(s, jnp.int32) for s in starts])
 
 
+def _fresh_if(pred: Any, value: Any, filler: Callable[..., Any]) -> Any:
+    """A fresh buffer where ``pred`` holds, else ``value``: a branch, not an elementwise select
+    (which reads and writes the whole buffer at every grid step)."""
+    return lax.cond(pred, lambda v: filler(v.shape, v.dtype), lambda v: v, value)
+
+
 def _pad(value: Any, shape: tuple[int, ...], filler: Callable[..., Any]) -> Any:
     padded = tuple(-(-v // b) * b for v, b in zip(value.shape, shape, strict=True))
     if padded == tuple(value.shape):
@@ -460,7 +466,7 @@ class _GridLoop:
                 report = functools.partial(_raise_block, name, shapes, padded)
                 when(functools.reduce(jnp.logical_or, bad), report, *flat)
             if per_core < n:
-                scratch_vals = [jnp.where(first, filler(v.shape, v.dtype), v) for v in scratch_vals]
+                scratch_vals = [_fresh_if(first, v, filler) for v in scratch_vals]
             in_blocks = [
                 _slice(x, s, b, q)
                 for x, s, b, q in zip(ins, starts, shapes, squeezes, strict=False)
@@ -474,7 +480,7 @@ class _GridLoop:
                     first,
                 )
                 block = _slice(value, start, shapes[n_in + k], squeezes[n_in + k])
-                out_blocks.append(jnp.where(changed, filler(block.shape, block.dtype), block))
+                out_blocks.append(_fresh_if(changed, block, filler))
             with pallas_core.grid_env(env):
                 results = jax_core.eval_jaxpr(
                     body, consts, *scalars, *in_blocks, *out_blocks, *scratch_vals
