@@ -156,9 +156,14 @@ def test_simulated_chip() -> None:
             pltpu.get_tpu_info()
         with pytest.raises(AttributeError):  # reads num_cores of a CPU device
             stock_tensorcore_mesh()
+        assert not pltpu.is_tpu_device()
     with simulate(devices=1):
         assert pltpu.get_tpu_info().num_cores == 2
         assert dict(stock_tensorcore_mesh().shape) == {"core": 2}
+        assert pltpu.is_tpu_device()
+        # jax's own lowering keeps the host's answer: the device lowers as a CPU.
+        assert not jax_compat.tpu_info_module().is_tpu_device()
+    assert not pltpu.is_tpu_device()  # outside the simulator, as stock
 
 
 # host_devices -----------------------------------------------------------------------------

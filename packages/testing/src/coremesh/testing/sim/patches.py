@@ -125,6 +125,10 @@ def _tpu_info_targets() -> list[tuple[Any, str, Any]]:
     out: list[tuple[Any, str, Any]] = [
         (tpu_info, "registry", registry),
         (sc_core, "get_sparse_core_info", _get_sparse_core_info),
+        # User code asking pltpu whether it runs on a TPU hears what get_tpu_info() describes;
+        # jax's own lowering rules read tpu_info.is_tpu_device, which stays False (the host
+        # device lowers as a CPU).
+        (pltpu, "is_tpu_device", lambda: True),
     ]
     factory = compat.tensorcore_mesh_default_cores()
     default_fn = compat.default_cores_function()
@@ -903,8 +907,9 @@ def _schedule_targets() -> list[tuple[Any, str, Any]]:
 PATCHES: tuple[Patch, ...] = (
     Patch(
         "simulated_chip",
-        "pltpu.get_tpu_info() raises 'Unsupported TPU device kind: cpu' (tpu_info.py:521) and "
-        "create_tensorcore_mesh() reads num_cores of a CPU device (core.py:403)",
+        "pltpu.get_tpu_info() raises 'Unsupported TPU device kind: cpu' (tpu_info.py:521), "
+        "pltpu.is_tpu_device() is False and create_tensorcore_mesh() reads num_cores of a CPU "
+        "device (core.py:403)",
         _tpu_info_targets,
     ),
     Patch(
