@@ -378,3 +378,18 @@ def test_a_fault_in_either_cores_share_is_raised_on_the_fast_path(step: int) -> 
             sim.run(f, XS)
         assert only_path(sim) == "compiled"
     assert "12..19" in str(info.value)
+
+
+def test_largest_product_counts_multiply_adds_in_nested_jaxprs() -> None:
+    from coremesh.testing.sim.jaxprs import largest_product
+
+    def f(a: Any, b: Any, w: Any) -> Any:
+        small = jnp.dot(a, b)  # (8, 16) x (16, 32): 8 * 32 * 16 multiply-adds
+        # the largest, inside a loop: (8, 32) x (32, 32), 8 * 32 * 32
+        return jax.lax.fori_loop(0, 2, lambda i, x: jnp.dot(x, w), small)
+
+    args = (jnp.zeros((8, 16)), jnp.zeros((16, 32)), jnp.zeros((32, 32)))
+    assert largest_product(jax.make_jaxpr(f)(*args)) == 8 * 32 * 32
+    batched = jax.make_jaxpr(lambda c: jnp.einsum("bik,bkj->bij", c, c))(jnp.zeros((2, 4, 4)))
+    assert largest_product(batched) == 2 * 4 * 4 * 4
+    assert largest_product(jax.make_jaxpr(lambda x: x + 1)(jnp.zeros(3))) == 0

@@ -45,6 +45,7 @@ from coremesh.testing.sim import shadow
 from coremesh.testing.sim.chip import current_name
 from coremesh.testing.sim.deadlock import WATCHDOG
 from coremesh.testing.sim.errors import SimulationFault, UninitializedReadError
+from coremesh.testing.sim.jaxprs import largest_product
 
 _tls = threading.local()
 
@@ -368,7 +369,7 @@ def run(
     )
     shares = [(c * per_core, min((c + 1) * per_core, n)) for c in range(cores)]
     shares = [(a, b) for a, b in shares if a < b]
-    if len(shares) > 1:
+    if len(shares) > 1 and largest_product(body) <= THREADED_PRODUCT_MAX:
         outs = _on_threads(loop, shares, body_consts, args)
     else:
         outs, _ = loop(0, n, body_consts, *args)
@@ -523,6 +524,13 @@ class _GridLoop:
         carry = lax.while_loop(lambda c: c[0] < stop, step, carry0)
         return list(carry[3]), list(carry[5])
 
+
+#: The cores' shares of a grid run on host threads only when no product in a step has more
+#: multiply-adds than this: XLA:CPU spreads a larger one over the host's threads by itself, and
+#: two shares of those contend. Measured on 2 CPUs (jax 0.11.2 / 0.12.0.1): JAX's
+#: flash_attention (128x128x128 products, 2.1M) took 27 ms in one program, 16-22 ms on threads;
+#: its matmul (512x512x256 blocks, 67M) 113-125 ms in one program, 115-180 ms on threads.
+THREADED_PRODUCT_MAX = 128 * 128 * 256
 
 #: Host threads that run the shares of a multi-core chip's grid beside the caller's thread.
 _POOL: list[concurrent.futures.ThreadPoolExecutor] = []

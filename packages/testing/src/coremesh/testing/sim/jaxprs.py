@@ -78,3 +78,19 @@ def accesses(jaxpr: Any) -> tuple[int, int]:
         static += sum(s for s, _ in subs)
         dynamic += trips * sum(d for _, d in subs)
     return static, dynamic
+
+
+def largest_product(jaxpr: Any) -> int:
+    """The multiply-adds of the largest ``dot_general`` in ``jaxpr`` (nested ones included):
+    the product XLA:CPU may spread over the host's threads by itself."""
+    import math
+
+    largest = 0
+    for eqn in all_eqns(jaxpr):
+        if eqn.primitive.name != "dot_general":
+            continue
+        (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+        lhs = eqn.invars[0].aval.shape
+        out = eqn.outvars[0].aval.shape
+        largest = max(largest, math.prod(out) * math.prod(lhs[d] for d in lhs_contract))
+    return largest
