@@ -145,9 +145,10 @@ def main() -> None:
     text = markdown(rows, meta)
     print(text)
     opts.out.mkdir(parents=True, exist_ok=True)
-    stem = opts.out / f"fast-path-jax{jax.__version__}"
-    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    stem.with_suffix(".md").write_text(text)
+    # Not Path.with_suffix: it would take a version's last part ("0.12.0.1") for a suffix.
+    stem = f"fast-path-jax{jax.__version__}"
+    (opts.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    (opts.out / f"{stem}.md").write_text(text)
 
 
 if __name__ == "__main__":

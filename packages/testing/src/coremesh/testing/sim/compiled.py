@@ -12,9 +12,10 @@ and the simulator's checks do is kept, in the loop:
   the leading "parallel" dimensions are visited in the interpreter's (seeded, shuffled) order
   and split between the cores as it splits them (core 0 the first half); each core's share is
   its own compiled loop, the shares run at once on host threads (XLA:CPU runs two loops of one
-  program one after the other), and each output element is the last write of the last core
-  that wrote it (cores write disjoint blocks unless they race, where the interpreter's result
-  is either core's);
+  program one after the other; not when a step's products are large enough for XLA:CPU to
+  spread them over the threads itself, :data:`THREADED_PRODUCT_MAX`), and each output element
+  is the last write of the last core that wrote it (cores write disjoint blocks unless they
+  race, where the interpreter's result is either core's);
 * a block index outside the operand, and a load or store outside its ref (dynamic indices are
   checked where they are discharged, :func:`checked_rules`), raise :class:`SimulationFault`;
 * with the uninitialized-read check on, fresh blocks, scratch and padding hold shadow's tagged
