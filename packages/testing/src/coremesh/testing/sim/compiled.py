@@ -277,8 +277,13 @@ def _fresh_if(pred: Any, value: Any, filler: Callable[..., Any]) -> Any:
     return lax.cond(pred, lambda v: filler(v.shape, v.dtype), lambda v: v, value)
 
 
+def _padded(shape: Sequence[int], block: Sequence[int]) -> tuple[int, ...]:
+    """``shape`` rounded up to whole blocks."""
+    return tuple(-(-d // b) * b for d, b in zip(shape, block, strict=True))
+
+
 def _pad(value: Any, shape: tuple[int, ...], filler: Callable[..., Any]) -> Any:
-    padded = tuple(-(-v // b) * b for v, b in zip(value.shape, shape, strict=True))
+    padded = _padded(value.shape, shape)
     if padded == tuple(value.shape):
         return value
     base = filler(padded, value.dtype)
@@ -415,7 +420,7 @@ class _GridLoop:
         self.shapes = [tuple(pallas_core._get_block_shape(bm.block_shape)) for bm in self.mappings]
         self.squeezes = [_block_kinds(bm) for bm in self.mappings]
         self.out_shapes = [
-            tuple(-(-d // b) * b for d, b in zip(bm.array_aval.shape, s, strict=True))
+            _padded(bm.array_aval.shape, s)
             for bm, s in zip(self.outputs, self.shapes[self.n_in :], strict=True)
         ]
 
@@ -533,7 +538,7 @@ class _GridLoop:
 #: its matmul (512x512x256 blocks, 67M) 113-125 ms in one program, 115-180 ms on threads.
 THREADED_PRODUCT_MAX = 128 * 128 * 256
 
-#: Host threads that run the shares of a multi-core chip's grid beside the caller's thread.
+#: Host threads that run the shares of a multi-core chip's grid (the caller's thread waits).
 _POOL: list[concurrent.futures.ThreadPoolExecutor] = []
 _POOL_LOCK = threading.Lock()
 
