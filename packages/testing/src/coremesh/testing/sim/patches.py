@@ -898,6 +898,12 @@ def _poison_buffers_targets() -> list[tuple[Any, str, Any]]:
     return [(utils, "get_uninitialized_value", get_uninitialized_value)]
 
 
+def _dma_clocks_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import dma_clocks
+
+    return dma_clocks.targets()
+
+
 def _schedule_targets() -> list[tuple[Any, str, Any]]:
     from coremesh.testing.sim import schedule
 
@@ -1013,6 +1019,14 @@ PATCHES: tuple[Patch, ...] = (
         "needs them, newest first: shared_memory.py:197), so a kernel that relies on another "
         "order is never caught; simulate(schedule=...) chooses the order",
         _schedule_targets,
+    ),
+    Patch(
+        "dma_clocks",
+        "the race detector gives each DMA a vector-clock entry drawn at random from as many "
+        "spares as there are cores (shared_memory.py get_random_virtual_device_id): two DMAs "
+        "that draw the same one look ordered, so a race through them goes unreported (two DMAs "
+        "in flight into one buffer on a 1-core chip, always)",
+        _dma_clocks_targets,
     ),
     Patch(
         "race_report",
