@@ -10,21 +10,18 @@ import pytest
 
 from coremesh.testing.plugin import SliceFactory
 from coremesh.testing.shipped import KERNELS, programs
+from coremesh.testing.sim import UninitializedReadError, simulate
 
 MODES = ("on_wait", "eager")
 
 #: all_gather's kernel waits on its DMA semaphores in an order that only a chip finishing DMAs
-#: in issue order satisfies; under "on_wait" the simulator returns NaN rows for it, so it runs
-#: under "eager" here (tests/sim/test_schedule.py checks that explore() flags it at that wait).
+#: in issue order satisfies; under "on_wait" the simulator names the DMA that reads a buffer the
+#: DMA before it has not filled (below), so its result is checked under "eager".
 EAGER_ONLY = {"all_gather"}
-#: ragged_paged_attention reshapes a VMEM ref (``ref.reshape``), which the interpreter's loads
-#: do not take (``ReshapeTransform``); it is compiled below but not simulated yet.
-NOT_SIMULATED = {"ragged_paged_attention"}
 
 CASES = [
     pytest.param(name, mode, id=f"{name}-{mode}")
     for name in KERNELS
-    if name not in NOT_SIMULATED
     for mode in MODES
     if not (name in EAGER_ONLY and mode == "on_wait")
 ]
@@ -40,6 +37,17 @@ def test_shipped_kernel_matches_its_reference(
     with slice_target("v5p", kernel.devices, dma_execution_mode=mode) as s:
         out: Any = s.run(kernel.kernel(s.device_mesh()), *inputs)
     np.testing.assert_allclose(np.asarray(out), expected, atol=kernel.atol, rtol=kernel.rtol)
+
+
+def test_all_gather_on_wait_names_the_dma_that_reads_an_unfilled_buffer() -> None:
+    kernel = KERNELS["all_gather"]
+    inputs = kernel.inputs(kernel.devices)
+    with (
+        pytest.raises(UninitializedReadError, match=r"a DMA whose source a DMA in flight") as err,
+        simulate("v5p", kernel.devices, dma_execution_mode="on_wait") as s,
+    ):
+        s.run(kernel.kernel(s.device_mesh()), *inputs)
+    assert "all_gather.py" in str(err.value.location)
 
 
 def test_every_kernel_family_is_in_the_corpus() -> None:

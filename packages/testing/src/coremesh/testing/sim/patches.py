@@ -866,6 +866,18 @@ def _scoped_refs_targets() -> list[tuple[Any, str, Any]]:
     return scoped_refs.targets()
 
 
+def _masked_swap_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import masked_swap
+
+    return masked_swap.targets()
+
+
+def _view_refs_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import view_refs
+
+    return view_refs.targets()
+
+
 def _closed_scalars_targets() -> list[tuple[Any, str, Any]]:
     from coremesh.testing.sim import closed_scalars
 
@@ -969,6 +981,20 @@ PATCHES: tuple[Patch, ...] = (
         "compile ('No state discharge rule implemented for primitive: io_callback', a raw "
         "CpuCallback error)",
         _scoped_refs_targets,
+    ),
+    Patch(
+        "view_refs",
+        "a load, store or DMA through ref.reshape(...) or a transposed ref fails in its callback "
+        "with \"'ReshapeTransform' object has no attribute 'indices'\" (utils.py to_range reads "
+        "every transform as an index): JAX's ragged_paged_attention loads its KV pages so",
+        _view_refs_targets,
+    ),
+    Patch(
+        "masked_swap",
+        "a masked store (pltpu.store(ref, x, mask=...)) whose mask is true past the size of a "
+        "later axis, counted on the first axis, fails as 'Out-of-bounds masked swap' "
+        "(shared_memory.py swap_buffer_content: in_bounds_mask[in_bounds_shape[i]:] for every i)",
+        _masked_swap_targets,
     ),
     Patch(
         "mpmd_refusal",

@@ -1,0 +1,92 @@
+"""Patches ``view_refs`` and ``masked_swap`` on every supported jax line: accesses through
+``ref.reshape`` / ``ref.transpose`` and masked stores into refs with a short later axis, against
+numpy; without the patch, the interpreter's own failure."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from coremesh.testing.sim import SimulationFault, simulate
+
+pytestmark = pytest.mark.sim
+
+#: (pages, tokens, heads, dim): the layout of ragged_paged_attention's KV buffers.
+X = np.arange(2 * 8 * 2 * 128, dtype=np.float32).reshape(2, 8, 2, 128)
+
+
+def run(
+    body: Callable[..., None], shape: tuple[int, ...], *, fast_path: bool = False, stock: str = ""
+) -> np.ndarray:
+    call = pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(shape, jnp.float32))
+    disabled = [stock] if stock else []
+    with simulate("v5e", 1, fast_path=fast_path, disable_patches=disabled) as sim:
+        return np.asarray(sim.run(call, X))
+
+
+def one_head(x_ref: Any, o_ref: Any) -> None:
+    rows = x_ref.at[1].reshape(16, 128)  # (tokens * heads, dim)
+    o_ref[...] = rows[1::2, :]  # every second row: head 1
+
+
+def store_one_head(x_ref: Any, o_ref: Any) -> None:
+    o_ref[...] = x_ref[...]
+    o_ref.at[0].reshape(16, 128)[0::2, :] = -x_ref[1, :, 0, :]
+
+
+def transposed(x_ref: Any, o_ref: Any) -> None:
+    o_ref[...] = x_ref.at[0, :, 0].transpose((1, 0))[...]
+
+
+def across_pages(x_ref: Any, o_ref: Any) -> None:
+    o_ref[...] = x_ref.at[0].reshape(16, 128)[3:11, :]  # tokens 1.5 to 5.5: no box
+
+
+@pytest.mark.parametrize("fast_path", [False, True])
+def test_a_strided_load_through_a_reshape_reads_one_head(fast_path: bool) -> None:
+    np.testing.assert_array_equal(run(one_head, (8, 128), fast_path=fast_path), X[1, :, 1, :])
+
+
+def test_a_store_through_a_reshape_writes_one_head() -> None:
+    want = X.copy()
+    want[0, :, 0, :] = -X[1, :, 0, :]
+    np.testing.assert_array_equal(run(store_one_head, X.shape), want)
+
+
+def test_a_load_through_a_transpose() -> None:
+    np.testing.assert_array_equal(run(transposed, (128, 8)), X[0, :, 0, :].T)
+
+
+def test_a_view_access_that_is_no_box_of_the_buffer_is_refused_by_name() -> None:
+    with pytest.raises(SimulationFault, match=r"not simulated: an access through ref\.reshape"):
+        run(across_pages, (8, 128))
+
+
+def test_view_refs_stock() -> None:
+    with pytest.raises(SimulationFault, match="'ReshapeTransform' object has no attribute"):
+        run(one_head, (8, 128), stock="view_refs")
+
+
+def masked_negate(x_ref: Any, o_ref: Any) -> None:
+    o_ref[...] = x_ref[0]
+    rows = jax.lax.broadcasted_iota(jnp.int32, o_ref.shape, 0)
+    pltpu.store(o_ref, -x_ref[0], mask=rows >= 4)  # rows 4..7 of an (8, 2, 128) ref
+
+
+@pytest.mark.parametrize("fast_path", [False, True])
+def test_a_masked_store_past_a_shorter_later_axis(fast_path: bool) -> None:
+    rows = np.arange(8)[:, None, None]
+    want = np.where(rows >= 4, -X[0], X[0])
+    np.testing.assert_array_equal(run(masked_negate, (8, 2, 128), fast_path=fast_path), want)
+
+
+def test_masked_swap_stock() -> None:
+    with pytest.raises(SimulationFault, match="Out-of-bounds masked swap"):
+        run(masked_negate, (8, 2, 128), stock="masked_swap")
