@@ -287,9 +287,11 @@ def _upstream(session: nox.Session, line: Line) -> None:
     # jax. Every line writes to upstream-results/, its tables named after its jax.
     corpus = str(_corpus())
     out = ROOT / "upstream-results"
+    # One test file per CPU at a time (-- --jobs N overrides).
+    jobs = str(os.cpu_count() or 1)
     session.run(
-        "coremesh", "upstream", "--jax-tests", corpus, "--out", str(out), *session.posargs,
-        env=LIBTPU_ENV,
+        "coremesh", "upstream", "--jax-tests", corpus, "--out", str(out), "--jobs", jobs,
+        *session.posargs, env=LIBTPU_ENV,
     )  # fmt: skip
     # The tree's TPU guides, every code cell at its full size: guides-jax-<version>.{md,json}
     # beside the tests' tables (-- --files ... narrows the tests; the guides always run whole).

@@ -208,3 +208,47 @@ def test_a_subset_line_that_is_not_a_node_id_is_refused(
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert f"{bad}:2: 'test_fail' is not a node id" in err
+
+
+MEMORY = """
+import time
+import unittest
+
+import numpy as np
+
+
+class MemoryTest(unittest.TestCase):
+
+  def test_a_hog(self):
+    held = np.ones(2**30 // 8)  # 1 GiB, every page written
+    time.sleep(60)
+    del held
+
+  def test_b_after(self):
+    pass
+"""
+
+
+def test_a_test_over_the_memory_limit_is_stopped_and_the_file_goes_on(tmp_path: Path) -> None:
+    root = _tree(tmp_path)
+    (root / "tests" / "pallas" / "tpu_memory_test.py").write_text(textwrap.dedent(MEMORY))
+    tree = read_tree(root)
+    files = select_files(tree, ["tpu_memory_test"])
+    (run,) = run_tree(tree, files, ["stock"], tmp_path / "out", timeout=120, memory_limit=2**29)
+    assert {r.nodeid.rsplit("::", 1)[-1]: (r.status, r.message) for r in run.results} == {
+        "test_a_hog": ("error", "over 0.5 GiB of host memory; the runner stopped it"),
+        "test_b_after": ("pass", ""),
+    }
+    assert run.processes == 2
+
+
+def test_jobs_run_files_at_once_and_keep_their_order(tmp_path: Path) -> None:
+    tree = read_tree(_tree(tmp_path))
+    files = select_files(tree, [])
+    runs = run_tree(tree, files, ["stock"], tmp_path / "out", timeout=30, keyword="pass", jobs=2)
+    assert [(r.file, r.mode) for r in runs] == [(f.name, "stock") for f in files]
+    assert [r.file for r in runs] == ["tpu_broken_test.py", "tpu_synthetic_test.py"]
+    assert runs[0].not_run is not None
+    assert [(r.nodeid.rsplit("::", 1)[-1], r.status) for r in runs[1].results] == [
+        ("test_pass", "pass")
+    ]

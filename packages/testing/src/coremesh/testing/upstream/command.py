@@ -10,7 +10,14 @@ from typing import TextIO
 from coremesh.core import jax_versions
 from coremesh.testing.upstream import guide_report, guides, report
 from coremesh.testing.upstream.guide_run import GuideRun, run_guide
-from coremesh.testing.upstream.run import DEFAULT_GLOB, FileRun, Mode, run_tree, select_files
+from coremesh.testing.upstream.run import (
+    DEFAULT_GLOB,
+    FileRun,
+    Mode,
+    host_memory,
+    run_tree,
+    select_files,
+)
 from coremesh.testing.upstream.subset import Subset, read_subset, subset_file
 from coremesh.testing.upstream.tree import CORPUS_ENV, TestTree, resolve
 
@@ -53,6 +60,23 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
         default=None,
         help="run only the node ids listed in PATH (or in PATH/<tree folder>.txt) and exit 1 "
         "unless every one passes on the simulator (what CI runs)",
+    )
+    sp.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="test files (each in its own pytest, per mode) run N at a time (default 1; "
+        "each uses about one CPU)",
+    )
+    sp.add_argument(
+        "--memory-limit",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="a test process holding more than GIB of memory is stopped, the test an error "
+        "(default: 3/4 of the host's memory, shared by the --jobs)",
     )
     sp.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     sp.add_argument(
@@ -102,7 +126,7 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     if not args.quiet:
         stderr.write(
             f"JAX test tree {tree.label} at {tree.root} for jax {version}: "
-            f"{len(files)} files, modes {', '.join(modes)}\n"
+            f"{len(files)} files, modes {', '.join(modes)}, {args.jobs} at a time\n"
         )
     runs = run_tree(
         tree,
@@ -113,6 +137,8 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         keyword=args.keyword,
         only=chosen.by_file if chosen is not None else None,
         progress=None if args.quiet else _progress(stderr),
+        jobs=args.jobs,
+        memory_limit=_memory_limit(args.memory_limit, args.jobs),
     )
     table = report.markdown(runs, tree, version)
     (out / f"upstream-jax-{version}.md").write_text(table)
@@ -121,6 +147,14 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     if chosen is not None:
         return _check_subset(chosen, runs, stdout)
     return 0
+
+
+def _memory_limit(gib: float | None, jobs: int) -> int | None:
+    """Bytes one test process may hold: ``gib``, or 3/4 of the host's memory over ``jobs``."""
+    if gib is not None:
+        return int(gib * 2**30)
+    total = host_memory()
+    return None if total is None else total * 3 // (4 * jobs)
 
 
 def _check_subset(chosen: Subset, runs: list[FileRun], stdout: TextIO) -> int:

@@ -10,6 +10,7 @@ hang in collection, or one pytest-timeout cannot see).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import fnmatch
 import os
@@ -17,6 +18,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -123,20 +125,49 @@ def child_command(
     return cmd
 
 
-def _wait(proc: subprocess.Popen[bytes], events: Path, stall_s: float) -> bool:
-    """Wait for ``proc``; stop it when ``events`` has not grown for ``stall_s``. True if stopped."""
+def host_memory() -> int | None:
+    """Bytes of RAM this host has (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _rss(pid: int) -> int | None:
+    """Resident bytes of process ``pid`` (Linux's /proc; None elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+Stop = Literal["stall", "memory"]
+
+
+def _wait(
+    proc: subprocess.Popen[bytes], events: Path, stall_s: float, memory_limit: int | None
+) -> Stop | None:
+    """Wait for ``proc``; stop it when ``events`` has not grown for ``stall_s``, or when it
+    holds more than ``memory_limit`` bytes (a test that would take the host's memory and have
+    the OS kill more than it)."""
     last_size, last_change = -1, time.monotonic()
     while proc.poll() is None:
         size = events.stat().st_size if events.exists() else 0
         now = time.monotonic()
+        stop: Stop | None = None
         if size != last_size:
             last_size, last_change = size, now
         elif now - last_change > stall_s:
+            stop = "stall"
+        if memory_limit is not None and (_rss(proc.pid) or 0) > memory_limit:
+            stop = "memory"
+        if stop is not None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            return True
+            return stop
         time.sleep(0.5)
-    return False
+    return None
 
 
 def run_file(
@@ -149,8 +180,10 @@ def run_file(
     keyword: str | None = None,
     only: Sequence[str] = (),
     python: str = sys.executable,
+    memory_limit: int | None = None,
 ) -> FileRun:
-    """Every test of ``file`` in ``mode``, restarting the child after a hang or a crash."""
+    """Every test of ``file`` in ``mode``, restarting the child after a hang, a crash or going
+    over ``memory_limit`` bytes."""
     work = Path(out_dir) / "work" / mode
     logs = Path(out_dir) / "logs" / mode
     work.mkdir(parents=True, exist_ok=True)
@@ -181,7 +214,7 @@ def run_file(
                 cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
-            stopped = _wait(proc, events, timeout + STALL_GRACE_S)
+            stopped = _wait(proc, events, timeout + STALL_GRACE_S, memory_limit)
         run.processes += 1
         got = read_events(events)
         run.results += got.results
@@ -195,8 +228,12 @@ def run_file(
                 run.not_run = f"pytest ended before collecting ({why}): {last_line(tail)}"
             break
         text = _log_text(log_path, offset)
-        if stopped:
-            status: Status = "hang"
+        if stopped == "memory":
+            status: Status = "error"
+            gib = (memory_limit or 0) / 2**30
+            message = f"over {gib:.1f} GiB of host memory; the runner stopped it"
+        elif stopped:
+            status = "hang"
             message = f"no progress in {timeout + STALL_GRACE_S:g} s; the runner stopped it"
         elif _TIMEOUT_BANNER.search(text):
             status, message = "hang", f"no result within {timeout:g} s (pytest-timeout)"
@@ -234,28 +271,41 @@ def run_tree(
     only: Mapping[str, Sequence[str]] | None = None,
     progress: Callable[[FileRun], None] | None = None,
     python: str = sys.executable,
+    jobs: int = 1,
+    memory_limit: int | None = None,
 ) -> list[FileRun]:
-    """Each file in each mode, in order; ``progress`` hears of each as it finishes. ``only``:
-    per file name, the node ids to run (a subset); files it does not name run whole."""
+    """Each file in each mode, ``jobs`` (file, mode) runs at a time; the result in file, then
+    mode, order; ``progress`` hears of each as it finishes. ``only``: per file name, the node ids
+    to run (a subset); files it does not name run whole."""
     if not files:
         raise CoremeshError(
             f"no test files selected in {tree.tests}",
             fix=f"check --files against the names there (default {DEFAULT_GLOB})",
         )
-    runs: list[FileRun] = []
-    for file in files:
-        for mode in modes:
-            run = run_file(
-                tree,
-                file,
-                mode,
-                out_dir,
-                timeout=timeout,
-                keyword=keyword,
-                only=(only or {}).get(file.name, ()),
-                python=python,
-            )
-            runs.append(run)
-            if progress is not None:
+    if jobs < 1:
+        raise CoremeshError(f"--jobs {jobs}", rule="at least one run at a time", fix="--jobs 1")
+    pairs = [(file, mode) for file in files for mode in modes]
+    lock = threading.Lock()
+
+    def one(pair: tuple[Path, Mode]) -> FileRun:
+        file, mode = pair
+        run = run_file(
+            tree,
+            file,
+            mode,
+            out_dir,
+            timeout=timeout,
+            keyword=keyword,
+            only=(only or {}).get(file.name, ()),
+            python=python,
+            memory_limit=memory_limit,
+        )
+        if progress is not None:
+            with lock:
                 progress(run)
-    return runs
+        return run
+
+    if jobs == 1:
+        return [one(pair) for pair in pairs]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(one, pairs))
