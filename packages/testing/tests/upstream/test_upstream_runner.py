@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from coremesh.testing import cli
-from coremesh.testing.upstream.run import run_tree, select_files
+from coremesh.testing.upstream import report
+from coremesh.testing.upstream.events import Status, TestResult
+from coremesh.testing.upstream.run import FileRun, Mode, run_tree, select_files
 from coremesh.testing.upstream.tree import read_tree
 
 SYNTHETIC = """
@@ -127,6 +129,9 @@ def test_the_table_has_a_row_per_file_and_the_non_passes(
     assert rows[1].startswith("| tpu_synthetic_test | 7 | 2/1/2/1/1 |")
     assert "- `SyntheticTest::test_hang`: hang: no result within 8 s (pytest-timeout)" in table
     assert "simulator: 7 tests, 2 pass, 1 fail, 2 error, 1 hang, 1 skip" in table
+    assert "simulator: 2 of the 6 tests that were not skipped pass (33.3%)" in table
+    assert "| 1 | hang | no result within _ s (pytest-timeout) |" in table
+    assert "| 1 | fail | AssertionError: _ != _ : one and one |" in table
 
 
 def test_stock_mode_sees_the_chip_on_the_host_devices(tmp_path: Path) -> None:
@@ -252,3 +257,31 @@ def test_jobs_run_files_at_once_and_keep_their_order(tmp_path: Path) -> None:
     assert [(r.nodeid.rsplit("::", 1)[-1], r.status) for r in runs[1].results] == [
         ("test_pass", "pass")
     ]
+
+
+def test_regressions_are_the_stock_passes_the_simulator_does_not_pass() -> None:
+    def run(mode: Mode, *results: tuple[str, Status]) -> FileRun:
+        return FileRun(
+            "tpu_x_test.py",
+            mode,
+            [
+                TestResult(f"tpu_x_test.py::T::{n}", s, "" if s == "pass" else "why")
+                for n, s in results
+            ],
+        )
+
+    runs = [
+        run("sim", ("a", "pass"), ("b", "fail"), ("c", "error"), ("d", "skip")),
+        run("stock", ("a", "pass"), ("b", "pass"), ("c", "error"), ("d", "pass")),
+    ]
+    assert report.regressions(runs) == [
+        ("tpu_x_test.py::T::b", "fail", "why"),
+        ("tpu_x_test.py::T::d", "skip", "why"),
+    ]
+    assert report.causes(runs) == [(1, "fail", "why"), (1, "error", "why")]
+
+
+def test_a_cause_blanks_numbers_names_and_places() -> None:
+    assert report.cause("ValueError: 'foo' has shape (8, 128) at kernel.py:12, got 3.5e-05") == (
+        "ValueError: _ has shape (_, _) at _, got _"
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
@@ -128,6 +129,7 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
             f"JAX test tree {tree.label} at {tree.root} for jax {version}: "
             f"{len(files)} files, modes {', '.join(modes)}, {args.jobs} at a time\n"
         )
+    started = time.perf_counter()
     runs = run_tree(
         tree,
         files,
@@ -140,7 +142,7 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         jobs=args.jobs,
         memory_limit=_memory_limit(args.memory_limit, args.jobs),
     )
-    table = report.markdown(runs, tree, version)
+    table = report.markdown(runs, tree, version, wall_s=time.perf_counter() - started)
     (out / f"upstream-jax-{version}.md").write_text(table)
     (out / f"upstream-jax-{version}.json").write_text(report.to_json(runs, tree, version) + "\n")
     stdout.write(table)

@@ -1,9 +1,12 @@
 """The upstream run's tables: per file, pass/fail/error/hang/skip in each mode (markdown + JSON),
-and the first line of what each test that did not pass said."""
+the tests stock passes and the simulator does not, the simulator's non-passes grouped by what
+they said, and the first line of what each test that did not pass said."""
 
 from __future__ import annotations
 
+import collections
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,7 +33,46 @@ def _by_file(runs: Sequence[FileRun]) -> dict[str, dict[str, FileRun]]:
     return out
 
 
-def markdown(runs: Sequence[FileRun], tree: TestTree, jax_version: str) -> str:
+def regressions(runs: Sequence[FileRun]) -> list[tuple[str, str, str]]:
+    """(node id, status, message) of each test stock interpret mode passes and the simulator
+    does not, where both ran."""
+    stock = {
+        r.nodeid for run in runs if run.mode == "stock" for r in run.results if r.status == "pass"
+    }
+    return [
+        (r.nodeid, r.status, r.message)
+        for run in runs
+        if run.mode == "sim"
+        for r in run.results
+        if r.status != "pass" and r.nodeid in stock
+    ]
+
+
+#: Parts of a message that differ between tests of one cause: numbers, quoted names, paths.
+_VARYING = re.compile(r"'[^']*'|\"[^\"]*\"|\S+\.py:\d+|0x[0-9a-f]+|\d+(\.\d+)?(e-?\d+)?")
+
+
+def cause(message: str, limit: int = 110) -> str:
+    """``message`` with what varies between tests of one cause blanked, cut to ``limit``."""
+    text = _VARYING.sub("_", message)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def causes(runs: Sequence[FileRun], mode: str = "sim") -> list[tuple[int, str, str]]:
+    """(count, status, cause) of the non-passes other than skips in ``mode``, most first."""
+    counter = collections.Counter(
+        (r.status, cause(r.message))
+        for run in runs
+        if run.mode == mode
+        for r in run.results
+        if r.status not in ("pass", "skip")
+    )
+    return [(n, status, what) for (status, what), n in counter.most_common()]
+
+
+def markdown(
+    runs: Sequence[FileRun], tree: TestTree, jax_version: str, wall_s: float | None = None
+) -> str:
     modes = list(dict.fromkeys(r.mode for r in runs))
     by_file = _by_file(runs)
     head = ["file", "tests"]
@@ -58,6 +100,26 @@ def markdown(runs: Sequence[FileRun], tree: TestTree, jax_version: str) -> str:
             + ", ".join(f"{n} {s}" for n, s in zip(part, STATUSES, strict=True))
             + f" ({seconds:.0f} s)"
         )
+    for i, m in enumerate(modes):
+        c = dict(zip(STATUSES, totals[i * len(STATUSES) : (i + 1) * len(STATUSES)], strict=True))
+        ran = sum(c.values()) - c["skip"]
+        if ran:
+            lines.append(
+                f"{MODE_TITLES[m]}: {c['pass']} of the {ran} tests that were not skipped pass "
+                f"({100 * c['pass'] / ran:.1f}%)"
+            )
+    if wall_s is not None:
+        lines.append(f"wall time: {wall_s:.0f} s")
+    if "sim" in modes and "stock" in modes:
+        worse = regressions(runs)
+        lines += ["", f"### Stock passes, the simulator does not: {len(worse)}", ""]
+        lines += [f"- `{n.split('::', 1)[-1]}`: {status}: {msg}" for n, status, msg in worse]
+    if "sim" in modes:
+        lines += ["", "### The simulator's non-passes by cause (skips left out)", ""]
+        lines += ["| tests | status | what they said |", "|---|---|---|"]
+        lines += [
+            f"| {n} | {status} | {what.replace('|', '/')} |" for n, status, what in causes(runs)
+        ]
     for name, per_mode in by_file.items():
         for m in modes:
             run = per_mode.get(m)
