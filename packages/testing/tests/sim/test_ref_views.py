@@ -90,3 +90,60 @@ def test_a_masked_store_past_a_shorter_later_axis(fast_path: bool) -> None:
 def test_masked_swap_stock() -> None:
     with pytest.raises(SimulationFault, match="Out-of-bounds masked swap"):
         run(masked_negate, (8, 2, 128), stock="masked_swap")
+
+
+# ref.bitcast ------------------------------------------------------------------------------
+
+
+def bitcast_load(dtype: Any) -> Callable[..., None]:
+    def body(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref.bitcast(dtype)[...]
+
+    return body
+
+
+def words(rows: np.ndarray, width: int) -> np.ndarray:
+    """numpy: ``len(rows) * width / 32`` rows of 32-bit words; row ``k`` of each group of
+    ``32 / width`` in bits ``[k * width, (k + 1) * width)``."""
+    per = 32 // width
+    bits = rows.astype(np.int64) & ((1 << width) - 1)
+    groups = bits.reshape(-1, per, rows.shape[-1])
+    packed = np.zeros(groups[:, 0, :].shape, np.int64)
+    for k in range(per):
+        packed |= groups[:, k, :] << (k * width)
+    return packed.astype(np.uint32).view(np.int32)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int16, jnp.int8, jnp.int4])
+def test_a_load_through_a_bitcast_packs_rows_into_words(dtype: Any) -> None:
+    width = jnp.iinfo(dtype).bits
+    count = (32 // width) * 256  # every value of the type, negatives included
+    x = (np.arange(count) * 37 % (1 << width) - (1 << (width - 1))).reshape(32 // width, 256)
+    call = pl.pallas_call(
+        bitcast_load(jnp.int32), out_shape=jax.ShapeDtypeStruct((1, 256), jnp.int32)
+    )
+    with simulate("v5e", 1) as sim:
+        got = np.asarray(sim.run(call, jnp.asarray(x, dtype)))
+    np.testing.assert_array_equal(got, words(x, width))
+
+
+def test_a_store_through_a_bitcast_splits_words_into_rows() -> None:
+    def body(x_ref: Any, o_ref: Any) -> None:
+        o_ref.bitcast(jnp.int32)[...] = x_ref[...]
+
+    w = np.arange(2 * 128, dtype=np.int32).reshape(2, 128) * 65599 - 7
+    call = pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct((4, 128), jnp.int16))
+    with simulate("v5e", 1) as sim:
+        got = np.asarray(sim.run(call, w))
+    np.testing.assert_array_equal(words(got, 16), w)
+
+
+def test_view_refs_stock_bitcast() -> None:
+    call = pl.pallas_call(
+        bitcast_load(jnp.int32), out_shape=jax.ShapeDtypeStruct((1, 256), jnp.int32)
+    )
+    with (
+        pytest.raises(SimulationFault, match="'BitcastTransform' object has no attribute"),
+        simulate("v5e", 1, disable_patches=["view_refs"]) as sim,
+    ):
+        sim.run(call, jnp.zeros((2, 256), jnp.int16))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import re
 import sys
 import threading
 from collections.abc import Callable, Collection
@@ -40,7 +41,7 @@ from coremesh.testing.sim.chip import (
     leave,
 )
 from coremesh.testing.sim.deadlock import WATCHDOG, semaphore_description
-from coremesh.testing.sim.errors import race_error
+from coremesh.testing.sim.errors import NotSimulatedError, race_error
 
 
 def check_jax_version(version: str | None = None) -> None:
@@ -668,12 +669,7 @@ class _CompileCache:
         with self._lock:
             hit = self._entries.get(key)
             if hit is None or hit[0] is not jaxpr:
-                compiled = (
-                    jax.jit(_run_jaxpr, static_argnums=(0,))
-                    .trace(jaxpr, consts, *args)
-                    .lower()
-                    .compile()
-                )
+                compiled = _compile_core_program(jaxpr, consts, *args)
                 hit = (jaxpr, compiled)  # holding jaxpr keeps its id unique
                 self._entries[key] = hit
                 while len(self._entries) > self._size:
@@ -681,6 +677,35 @@ class _CompileCache:
             else:
                 self._entries.move_to_end(key)
         hit[1](consts, *args)
+
+
+#: XLA's words for a primitive it cannot lower for the host.
+_NO_CPU_RULE = re.compile(r"MLIR translation rule for primitive '([^']+)' not found for platform")
+
+
+def _compile_core_program(jaxpr: Any, consts: Any, *args: Any) -> Any:
+    """One core's program, compiled. A primitive with no CPU rule (a TPU primitive neither the
+    interpreter nor the simulator runs) fails here, inside a host callback, where XLA would hand
+    the user only 'CpuCallback error': it is the run's failure instead, naming the primitive."""
+    try:
+        return (
+            jax.jit(_run_jaxpr, static_argnums=(0,)).trace(jaxpr, consts, *args).lower().compile()
+        )
+    except NotImplementedError as err:
+        found = _NO_CPU_RULE.search(str(err))
+        if found is None:
+            raise
+        refusal = NotSimulatedError(
+            f"the primitive {found.group(1)!r} in this kernel is not simulated: neither the "
+            "interpreter nor XLA:CPU has a rule for it",
+            rule="the CPU simulator refuses what it cannot reproduce instead of returning a "
+            "result that may be wrong",
+            chip=current().name,
+            fix="check this kernel with the compile-only target (coremesh.testing.aot) or on TPU "
+            "hardware",
+        )
+        WATCHDOG.record(refusal)
+        raise refusal from err
 
 
 def _run_jaxpr(jaxpr: Any, consts: Any, *args: Any) -> None:
@@ -872,6 +897,12 @@ def _masked_swap_targets() -> list[tuple[Any, str, Any]]:
     return masked_swap.targets()
 
 
+def _value_ops_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import value_ops
+
+    return value_ops.targets()
+
+
 def _view_refs_targets() -> list[tuple[Any, str, Any]]:
     from coremesh.testing.sim import view_refs
 
@@ -995,6 +1026,13 @@ PATCHES: tuple[Patch, ...] = (
         "later axis, counted on the first axis, fails as 'Out-of-bounds masked swap' "
         "(shared_memory.py swap_buffer_content: in_bounds_mask[in_bounds_shape[i]:] for every i)",
         _masked_swap_targets,
+    ),
+    Patch(
+        "value_ops",
+        "pltpu.pack_elementwise, unpack_elementwise and stochastic_round have no CPU lowering: "
+        "the core's program fails to compile in a host callback ('MLIR translation rule for "
+        "primitive ... not found for platform cpu', a raw CpuCallback error)",
+        _value_ops_targets,
     ),
     Patch(
         "mpmd_refusal",

@@ -32,17 +32,14 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax._src import api_util
 from jax._src import core as jax_core
-from jax._src import linear_util as lu
-from jax._src.interpreters import partial_eval as pe
 from jax._src.pallas.mosaic import primitives as tpu_primitives
 from jax._src.pallas.mosaic import sc_primitives as scp
 from jax._src.pallas.mosaic.interpret import utils as interpret_utils
@@ -52,9 +49,10 @@ from jax.experimental import io_callback
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu_sc as plsc
 
+from coremesh.testing.sim import inline
 from coremesh.testing.sim.errors import NotSimulatedError
 
-_Rule = Callable[..., Sequence[Any]]
+_Rule = inline.Rule
 
 #: User-facing spelling of each refused primitive, for the error message.
 _API_NAMES = {
@@ -333,18 +331,6 @@ _cache: weakref.WeakKeyDictionary[Any, tuple[Any, list[Any]] | None] = weakref.W
 _cache_lock = threading.Lock()
 
 
-def _trace_rule(rule: _Rule, eqn: Any) -> tuple[Any, list[Any]]:
-    """Trace one rewrite rule on the equation's input types into a jaxpr."""
-    in_avals = [v.aval for v in eqn.invars]
-
-    def run(*args: Any) -> list[Any]:
-        return list(rule(*args, **eqn.params))
-
-    debug = api_util.debug_info("coremesh simulator", run, in_avals, {})
-    jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(lu.wrap_init(run, debug_info=debug), in_avals)
-    return jaxpr, list(consts)
-
-
 def rewrite(jaxpr: Any, axis_env: Sequence[tuple[Any, int]]) -> tuple[Any, list[Any]] | None:
     """``jaxpr`` with simulated SparseCore primitives inlined as ref operations.
 
@@ -362,46 +348,7 @@ def rewrite(jaxpr: Any, axis_env: Sequence[tuple[Any, int]]) -> tuple[Any, list[
         result = None
     else:
         with jax_core.extend_axis_env_nd(tuple(axis_env)):
-            result = _inline(jaxpr)
+            result = inline.inline(jaxpr, _rule)
     with _cache_lock:
         _cache[jaxpr] = result
     return result
-
-
-def _inline(jaxpr: Any) -> tuple[Any, list[Any]]:
-    subst: dict[Any, Any] = {}
-
-    def sub(atom: Any) -> Any:
-        return atom if isinstance(atom, jax_core.Literal) else subst.get(atom, atom)
-
-    eqns: list[Any] = []
-    extra_vars: list[Any] = []
-    extra_consts: list[Any] = []
-    for eqn in jaxpr.eqns:
-        rule = _rule(eqn)
-        if rule is None:
-            eqns.append(eqn.replace(invars=[sub(v) for v in eqn.invars]))
-            continue
-        inner, consts = _trace_rule(rule, eqn)
-        extra_vars += inner.constvars
-        extra_consts += consts
-        local = dict(zip(inner.invars, (sub(v) for v in eqn.invars), strict=True))
-        for e in inner.eqns:
-            eqns.append(
-                e.replace(
-                    invars=[
-                        v if isinstance(v, jax_core.Literal) else local.get(v, v) for v in e.invars
-                    ]
-                )
-            )
-        for out, new in zip(eqn.outvars, inner.outvars, strict=True):
-            subst[out] = new if isinstance(new, jax_core.Literal) else local.get(new, new)
-    new = jax_core.Jaxpr(
-        [*jaxpr.constvars, *extra_vars],
-        jaxpr.invars,
-        [sub(v) for v in jaxpr.outvars],
-        eqns,
-        jaxpr.effects,
-        jaxpr.debug_info,
-    )
-    return new, extra_consts

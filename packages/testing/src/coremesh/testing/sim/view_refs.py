@@ -1,4 +1,5 @@
-"""Loads, stores and DMAs through ``ref.reshape(...)`` and transposed refs.
+"""Loads, stores and DMAs through ``ref.reshape(...)``, ``ref.transpose(...)`` and
+``ref.bitcast(...)``.
 
 The interpreter reads every transform of a ref as an index (utils.py ``to_range``), so an access
 through a reshaped ref fails inside its callback with "'ReshapeTransform' object has no attribute
@@ -9,10 +10,17 @@ second row of a ``(pages * tokens * heads, dim)`` view: one head of the ``(pages
 dim)`` buffer), the access runs as that box, with its elements put in the order the view gives
 them, so bounds, race and unwritten-memory checks see exactly the elements touched. Any other set
 is refused by name ("not simulated"), never read or written in part.
+
+``ref.bitcast(dtype)`` reinterprets the bits along the second-minor axis, as Mosaic lays packed
+types out and as jax discharges it (``jax._src.state.utils.bitcast``: ``k`` consecutive narrow
+rows make one wide row, the first in the lowest bits). An access through it runs on the buffer
+elements under it, whole along that axis (an index there after the bitcast is refused), and a
+load converts them, a store converts back; sub-byte types included (int4 is held one per byte).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -32,12 +40,14 @@ def _kind(transform: Any) -> str:
         return "reshape"
     if name == "TransposeTransform":
         return "transpose"
+    if name == "BitcastTransform":
+        return "bitcast"
     return name
 
 
 def _has_view(transforms: Any) -> bool:
     return isinstance(transforms, tuple | list) and any(
-        _kind(t) in ("reshape", "transpose") for t in transforms
+        _kind(t) in ("reshape", "transpose", "bitcast") for t in transforms
     )
 
 
@@ -125,36 +135,156 @@ def _full(shape: tuple[int, ...], rng: tuple[Any, ...]) -> list[Any]:
     return [*rng, *(slice(0, d, 1) for d in shape[len(rng) :])]
 
 
-def _plan(
-    transforms: Any, buffer_shape: Callable[[], tuple[int, ...]]
-) -> tuple[Any, np.ndarray, tuple[int, ...]]:
-    """The plain indexer of the box a view access touches, the picked elements' positions in
-    it, and the view's shape."""
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """A view access as a plain one: the indexer of the buffer box it touches, and how a box's
+    values become the view's (a load) and back (a store)."""
+
+    indexer: tuple[Any, ...]
+    to_view: Callable[[np.ndarray], np.ndarray]
+    to_box: Callable[[np.ndarray], np.ndarray]
+    #: A mask over the view's elements as one over the box's; None across a width change.
+    mask_to_box: Callable[[np.ndarray], np.ndarray] | None
+
+
+def _plan(transforms: Any, buffer: Callable[[], tuple[tuple[int, ...], Any]]) -> _Plan:
+    """The plain access a view access is; ``buffer`` gives the buffer's shape and dtype."""
     import jax
     from jax._src.pallas.mosaic.interpret import utils
-    from jax._src.state import indexing
 
     transforms = jax.tree.map(int, tuple(transforms))  # the callback's 0-d arrays
-
-    first = next(i for i, t in enumerate(transforms) if _kind(t) in ("reshape", "transpose"))
-    pre, view = tuple(transforms[:first]), _describe(transforms[first:])
-    if any(_kind(t) != "index" for t in pre):
-        raise NotImplementedError("not simulated: a bitcast before ref.reshape / transpose")
-    shape = tuple(pre[0].shape) if pre else buffer_shape()
+    first = next(i for i, t in enumerate(transforms) if _kind(t) != "index")
+    pre = tuple(transforms[:first])
+    shape = tuple(pre[0].shape) if pre else buffer()[0]
     axes = _full(shape, utils.to_range(pre))
+    if _kind(transforms[first]) == "bitcast":
+        return _bitcast_plan(shape, axes, transforms[first], transforms[first + 1 :], buffer)
     kept = [a for a in axes if not isinstance(a, int)]
     region = tuple(len(range(a.start, a.stop, a.step or 1)) for a in kept)
-    box, pos, view_shape = _box(region, view)
-    boxed = iter(box)
+    box, pos, view_shape = _box(region, _describe(transforms[first:]))
+    indexer = _indexer(shape, axes, iter(box))
+    full_box = tuple(int(s.size) for s in indexer[0].indices)
+
+    def to_box(v: np.ndarray) -> np.ndarray:
+        return _boxed(v, pos, full_box)
+
+    return _Plan(indexer, lambda b: _picked(b, pos, view_shape), to_box, to_box)
+
+
+def _indexer(shape: tuple[int, ...], axes: list[Any], box: Any) -> tuple[Any, ...]:
+    """An NDIndexer of ``shape``: each int axis as a 1-wide slice, each slice axis narrowed to
+    the next (start, count, step) of ``box`` in its own coordinates."""
+    from jax._src.state import indexing
+
     indices = []
     for a in axes:
         if isinstance(a, int):
             indices.append(indexing.Slice(a, 1, 1))
         else:
-            start, count, step = next(boxed)
+            start, count, step = next(box)
             stride = a.step or 1
             indices.append(indexing.Slice(a.start + start * stride, count, step * stride))
-    return (indexing.NDIndexer(tuple(indices), shape, ()),), pos, view_shape
+    return (indexing.NDIndexer(tuple(indices), shape, ()),)
+
+
+def _bitcast_plan(
+    shape: tuple[int, ...],
+    axes: list[Any],
+    bitcast: Any,
+    post: tuple[Any, ...],
+    buffer: Callable[[], tuple[tuple[int, ...], Any]],
+) -> _Plan:
+    from jax._src.pallas.mosaic.interpret import utils
+
+    if any(_kind(t) != "index" for t in post):
+        raise NotImplementedError(
+            "not simulated: ref.reshape / transpose / a second bitcast after ref.bitcast"
+        )
+    src, dst = np.dtype(buffer()[1]), np.dtype(bitcast.dtype)
+    kept = [a for a in axes if not isinstance(a, int)]
+    region = [len(range(a.start, a.stop, a.step or 1)) for a in kept]
+    if len(region) < 2 and _width(src) != _width(dst):
+        raise NotImplementedError("not simulated: a bitcast of a 1-D ref that changes the width")
+    view = list(region)
+    if len(view) >= 2:
+        view[-2] = view[-2] * _width(src) // _width(dst)
+    index = _full(tuple(view), utils.to_range(post))
+    box: list[tuple[int, int, int]] = []
+    squeeze: list[int] = []
+    for j, (count, sel) in enumerate(zip(view, index, strict=True)):
+        if j == len(view) - 2:
+            if isinstance(sel, int) or (sel.start, sel.stop, sel.step or 1) != (0, count, 1):
+                raise NotImplementedError(
+                    "not simulated: an index on the second-minor axis after ref.bitcast"
+                )
+            box.append((0, region[j], 1))
+        elif isinstance(sel, int):
+            box.append((sel, 1, 1))
+            squeeze.append(j)
+        else:
+            box.append((sel.start, len(range(sel.start, sel.stop, sel.step or 1)), sel.step or 1))
+    indexer = _indexer(shape, axes, iter(box))
+    full_box = tuple(int(s.size) for s in indexer[0].indices)
+    kept_box = tuple(c for _, c, _ in box)
+
+    def to_view(b: np.ndarray) -> np.ndarray:
+        out = _np_bitcast(np.asarray(b).reshape(kept_box), dst)
+        return out.squeeze(tuple(squeeze)) if squeeze else out
+
+    def unsqueezed(v: np.ndarray) -> np.ndarray:
+        return np.expand_dims(v, tuple(squeeze)) if squeeze else v
+
+    def to_box(v: np.ndarray) -> np.ndarray:
+        return _np_bitcast(unsqueezed(np.asarray(v, dst)), src).reshape(full_box)
+
+    def mask_to_box(m: np.ndarray) -> np.ndarray:
+        return unsqueezed(np.asarray(m)).reshape(full_box)
+
+    same_width = _width(src) == _width(dst)
+    return _Plan(indexer, to_view, to_box, mask_to_box if same_width else None)
+
+
+def _width(dtype: Any) -> int:
+    from jax._src import dtypes
+
+    return int(dtypes.itemsize_bits(dtype))
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    """Each element's bits, as uint64 (sub-byte integers: their two's complement low bits)."""
+    w = _width(x.dtype)
+    if w >= 8:
+        return np.ascontiguousarray(x).view(f"uint{w}").astype(np.uint64)
+    return (x.astype(np.int8).view(np.uint8) & ((1 << w) - 1)).astype(np.uint64)
+
+
+def _from_bits(b: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
+    w = _width(dtype)
+    if w >= 8:
+        return b.astype(f"uint{w}").view(dtype)
+    v = b.astype(np.int16)
+    if np.issubdtype(dtype, np.signedinteger):
+        v = np.where(v >= 1 << (w - 1), v - (1 << w), v)
+    return v.astype(dtype)
+
+
+def _np_bitcast(x: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
+    """``jax._src.state.utils.bitcast`` in numpy: narrow rows packed into wide ones along the
+    second-minor axis (the first in the lowest bits), or a wide row split into narrow ones."""
+    sb, db = _width(x.dtype), _width(dtype)
+    b = _bits(x)
+    if sb < db:
+        r = db // sb
+        *lead, rows, cols = b.shape
+        parts = b.reshape(*lead, rows // r, r, cols)
+        b = sum((parts[..., k, :] << np.uint64(sb * k) for k in range(r)), np.zeros((), np.uint64))
+    elif sb > db:
+        q = sb // db
+        mask = np.uint64((1 << db) - 1)
+        parts = np.stack([(b >> np.uint64(db * k)) & mask for k in range(q)], axis=-2)
+        *lead, rows, _, cols = parts.shape
+        b = parts.reshape(*lead, rows * q, cols)
+    return _from_bits(np.asarray(b), dtype)
 
 
 def _picked(box: np.ndarray, pos: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -169,78 +299,55 @@ def _boxed(value: Any, pos: np.ndarray, box_shape: tuple[int, ...]) -> np.ndarra
     return out.reshape(box_shape)
 
 
-def _box_shape(indexer: tuple[Any, ...]) -> tuple[int, ...]:
-    return tuple(int(s.size) for s in indexer[0].indices)
-
-
 def targets() -> list[tuple[Any, str, Any]]:
     """The interpreter's load, store and swap callbacks (DMAs call the first two too)."""
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
-    def shape_of(
+    def buffer_of(
         device_id: Any, local_core_id: Any, memory_space: Any, buffer_id: Any
-    ) -> Callable[[], tuple[int, ...]]:
-        def lookup() -> tuple[int, ...]:
+    ) -> Callable[[], tuple[tuple[int, ...], Any]]:
+        def lookup() -> tuple[tuple[int, ...], Any]:
             space = ipc.TPU_MEMORY_SPACE_NAMES[int(memory_space)]
             core = ipc._local_core_id_or_zero_if_hbm(int(local_core_id), space)
             buf = ipc._get_shared_memory().mem[(space, int(buffer_id), int(device_id), core)]
-            return tuple(np.shape(getattr(buf, "content", buf)))
+            content = getattr(buf, "content", buf)
+            return tuple(np.shape(content)), content.dtype
 
         return lookup
 
     raw_get, raw_store, raw_swap = ipc.get.__wrapped__, ipc.store.__wrapped__, ipc.swap.__wrapped__
 
     def get(
-        token: Any,
-        device_id: Any,
-        local_core_id: Any,
-        memory_space: Any,
-        buffer_id: Any,
-        transforms: Any,
-        *a: Any,
-        **kw: Any,
+        token: Any, dev: Any, core: Any, space: Any, buf: Any, transforms: Any, *a: Any, **kw: Any
     ) -> Any:
         if not _has_view(transforms):
-            return raw_get(
-                token, device_id, local_core_id, memory_space, buffer_id, transforms, *a, **kw
-            )
-        indexer, pos, shape = _plan(
-            transforms, shape_of(device_id, local_core_id, memory_space, buffer_id)
-        )
-        token, box = raw_get(
-            token, device_id, local_core_id, memory_space, buffer_id, indexer, *a, **kw
-        )
-        return token, _picked(box, pos, shape)
+            return raw_get(token, dev, core, space, buf, transforms, *a, **kw)
+        plan = _plan(transforms, buffer_of(dev, core, space, buf))
+        token, box = raw_get(token, dev, core, space, buf, plan.indexer, *a, **kw)
+        return token, plan.to_view(box)
 
     def store(
         token: Any,
-        device_id: Any,
-        local_core_id: Any,
-        memory_space: Any,
-        buffer_id: Any,
+        dev: Any,
+        core: Any,
+        space: Any,
+        buf: Any,
         transforms: Any,
         val: Any,
         *a: Any,
         **kw: Any,
     ) -> Any:
         if not _has_view(transforms):
-            return raw_store(
-                token, device_id, local_core_id, memory_space, buffer_id, transforms, val, *a, **kw
-            )
-        indexer, pos, _ = _plan(
-            transforms, shape_of(device_id, local_core_id, memory_space, buffer_id)
-        )
-        val = _boxed(val, pos, _box_shape(indexer))
-        return raw_store(
-            token, device_id, local_core_id, memory_space, buffer_id, indexer, val, *a, **kw
-        )
+            return raw_store(token, dev, core, space, buf, transforms, val, *a, **kw)
+        plan = _plan(transforms, buffer_of(dev, core, space, buf))
+        return raw_store(token, dev, core, space, buf, plan.indexer, plan.to_box(val), *a, **kw)
 
     def swap(
         token: Any,
-        device_id: Any,
-        local_core_id: Any,
-        memory_space: Any,
-        buffer_id: Any,
+        dev: Any,
+        core: Any,
+        space: Any,
+        buf: Any,
         transforms: Any,
         val: Any,
         mask: Any,
@@ -248,28 +355,19 @@ def targets() -> list[tuple[Any, str, Any]]:
         **kw: Any,
     ) -> Any:
         if not _has_view(transforms):
-            return raw_swap(
-                token,
-                device_id,
-                local_core_id,
-                memory_space,
-                buffer_id,
-                transforms,
-                val,
-                mask,
-                *a,
-                **kw,
-            )
-        indexer, pos, shape = _plan(
-            transforms, shape_of(device_id, local_core_id, memory_space, buffer_id)
-        )
-        box_shape = _box_shape(indexer)
-        val = _boxed(val, pos, box_shape)
-        mask = None if mask is None else _boxed(mask, pos, box_shape)
+            return raw_swap(token, dev, core, space, buf, transforms, val, mask, *a, **kw)
+        plan = _plan(transforms, buffer_of(dev, core, space, buf))
+        box_mask = None
+        if mask is not None:
+            if plan.mask_to_box is None:
+                raise NotImplementedError(
+                    "not simulated: a masked store through a ref.bitcast that changes the width"
+                )
+            box_mask = plan.mask_to_box(np.asarray(mask))
         token, old = raw_swap(
-            token, device_id, local_core_id, memory_space, buffer_id, indexer, val, mask, *a, **kw
+            token, dev, core, space, buf, plan.indexer, plan.to_box(val), box_mask, *a, **kw
         )
-        return token, _picked(old, pos, shape)
+        return token, plan.to_view(old)
 
     return [
         (ipc, "get", ipc.fail_on_exception(get)),

@@ -1,0 +1,73 @@
+"""Rewriting a kernel's jaxpr before the interpreter runs it: equations the interpreter cannot run
+as they are (no rule of its own, no CPU lowering) are replaced by what a rule traces for them.
+
+A rule is a function of the equation's operands and params that returns its results, written in
+operations the interpreter runs (jax.numpy, ref reads and writes). :func:`inline` traces each
+rule on the equation's input types and splices the traced equations in its place; the constants
+the traces close over become extra leading inputs of the new jaxpr.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from jax._src import api_util
+from jax._src import core as jax_core
+from jax._src import linear_util as lu
+from jax._src.interpreters import partial_eval as pe
+
+Rule = Callable[..., Sequence[Any]]
+
+
+def trace_rule(rule: Rule, eqn: Any) -> tuple[Any, list[Any]]:
+    """Trace one rewrite rule on the equation's input types into a jaxpr."""
+    in_avals = [v.aval for v in eqn.invars]
+
+    def run(*args: Any) -> list[Any]:
+        return list(rule(*args, **eqn.params))
+
+    debug = api_util.debug_info("coremesh simulator", run, in_avals, {})
+    jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(lu.wrap_init(run, debug_info=debug), in_avals)
+    return jaxpr, list(consts)
+
+
+def inline(jaxpr: Any, rule_of: Callable[[Any], Rule | None]) -> tuple[Any, list[Any]]:
+    """``jaxpr`` with each equation that ``rule_of`` gives a rule for replaced by the rule's
+    trace; the new jaxpr takes ``(*old_constvars, *extra_consts, *invars)``."""
+    subst: dict[Any, Any] = {}
+
+    def sub(atom: Any) -> Any:
+        return atom if isinstance(atom, jax_core.Literal) else subst.get(atom, atom)
+
+    eqns: list[Any] = []
+    extra_vars: list[Any] = []
+    extra_consts: list[Any] = []
+    for eqn in jaxpr.eqns:
+        rule = rule_of(eqn)
+        if rule is None:
+            eqns.append(eqn.replace(invars=[sub(v) for v in eqn.invars]))
+            continue
+        inner, consts = trace_rule(rule, eqn)
+        extra_vars += inner.constvars
+        extra_consts += consts
+        local = dict(zip(inner.invars, (sub(v) for v in eqn.invars), strict=True))
+        for e in inner.eqns:
+            eqns.append(
+                e.replace(
+                    invars=[
+                        v if isinstance(v, jax_core.Literal) else local.get(v, v) for v in e.invars
+                    ]
+                )
+            )
+        for out, new in zip(eqn.outvars, inner.outvars, strict=True):
+            subst[out] = new if isinstance(new, jax_core.Literal) else local.get(new, new)
+    new = jax_core.Jaxpr(
+        [*jaxpr.constvars, *extra_vars],
+        jaxpr.invars,
+        [sub(v) for v in jaxpr.outvars],
+        eqns,
+        jaxpr.effects,
+        jaxpr.debug_info,
+    )
+    return new, extra_consts
