@@ -285,3 +285,38 @@ def test_a_cause_blanks_numbers_names_and_places() -> None:
     assert report.cause("ValueError: 'foo' has shape (8, 128) at kernel.py:12, got 3.5e-05") == (
         "ValueError: _ has shape (_, _) at _, got _"
     )
+
+
+HANGS = """
+import time
+import unittest
+
+
+class HangTest(unittest.TestCase):
+
+  def test_a(self):
+    time.sleep(600)
+
+  def test_b(self):
+    time.sleep(600)
+
+  def test_c(self):
+    time.sleep(600)
+
+  def test_d(self):
+    pass
+"""
+
+
+def test_the_runner_gives_up_on_a_file_after_hangs_in_a_row(tmp_path: Path) -> None:
+    root = _tree(tmp_path)
+    (root / "tests" / "pallas" / "tpu_hangs_test.py").write_text(textwrap.dedent(HANGS))
+    tree = read_tree(root)
+    files = select_files(tree, ["tpu_hangs_test"])
+    (run,) = run_tree(tree, files, ["stock"], tmp_path / "out", timeout=3, give_up=2)
+    assert [(r.nodeid.rsplit("::", 1)[-1], r.status) for r in run.results] == [
+        ("test_a", "hang"),
+        ("test_b", "hang"),
+    ]
+    assert (run.unrun, run.gave_up) == (2, "the runner gave up on the file after 2 hangs in a row")
+    assert report._cell(run) == "0/0/0/2/0 (+2 not run: gave up after hangs)"

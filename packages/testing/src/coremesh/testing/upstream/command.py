@@ -79,6 +79,14 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
         help="a test process holding more than GIB of memory is stopped, the test an error "
         "(default: 3/4 of the host's memory, shared by the --jobs)",
     )
+    sp.add_argument(
+        "--give-up",
+        type=int,
+        default=3,
+        metavar="N",
+        help="after N hangs in a row, leave the rest of the file unrun and say so (default 3; "
+        "0: never)",
+    )
     sp.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     sp.add_argument(
         "--guides",
@@ -141,6 +149,7 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         progress=None if args.quiet else _progress(stderr),
         jobs=args.jobs,
         memory_limit=_memory_limit(args.memory_limit, args.jobs),
+        give_up=args.give_up or None,
     )
     table = report.markdown(runs, tree, version, wall_s=time.perf_counter() - started)
     (out / f"upstream-jax-{version}.md").write_text(table)

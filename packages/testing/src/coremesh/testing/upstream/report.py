@@ -23,7 +23,8 @@ def _cell(run: FileRun | None) -> str:
     if run.not_run is not None:
         return f"not run: {run.not_run}"
     c = run.counts()
-    return "/".join(str(c[s]) for s in STATUSES)
+    cell = "/".join(str(c[s]) for s in STATUSES)
+    return cell + (f" (+{run.unrun} not run: gave up after hangs)" if run.gave_up else "")
 
 
 def _by_file(runs: Sequence[FileRun]) -> dict[str, dict[str, FileRun]]:
@@ -152,6 +153,8 @@ def to_json(runs: Sequence[FileRun], tree: TestTree, jax_version: str) -> str:
                 "elapsed_s": round(r.elapsed_s, 2),
                 "processes": r.processes,
                 "not_run": r.not_run,
+                "unrun": r.unrun,
+                "gave_up": r.gave_up,
                 "counts": r.counts(),
                 "tests": [t.to_json() for t in r.results],
             }
