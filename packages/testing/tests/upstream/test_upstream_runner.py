@@ -234,11 +234,16 @@ class MemoryTest(unittest.TestCase):
 """
 
 
-def test_a_test_over_the_memory_limit_is_stopped_and_the_file_goes_on(tmp_path: Path) -> None:
+def _one_file(tmp_path: Path, name: str, source: str) -> tuple[Any, list[Path]]:
+    """The tiny tree with test file ``name`` added: (the tree, ``[that file]``)."""
     root = _tree(tmp_path)
-    (root / "tests" / "pallas" / "tpu_memory_test.py").write_text(textwrap.dedent(MEMORY))
+    (root / "tests" / "pallas" / f"{name}.py").write_text(textwrap.dedent(source))
     tree = read_tree(root)
-    files = select_files(tree, ["tpu_memory_test"])
+    return tree, select_files(tree, [name])
+
+
+def test_a_test_over_the_memory_limit_is_stopped_and_the_file_goes_on(tmp_path: Path) -> None:
+    tree, files = _one_file(tmp_path, "tpu_memory_test", MEMORY)
     (run,) = run_tree(tree, files, ["stock"], tmp_path / "out", timeout=120, memory_limit=2**29)
     assert {r.nodeid.rsplit("::", 1)[-1]: (r.status, r.message) for r in run.results} == {
         "test_a_hog": ("error", "over 0.5 GiB of host memory; the runner stopped it"),
@@ -309,10 +314,7 @@ class HangTest(unittest.TestCase):
 
 
 def test_the_runner_gives_up_on_a_file_after_hangs_in_a_row(tmp_path: Path) -> None:
-    root = _tree(tmp_path)
-    (root / "tests" / "pallas" / "tpu_hangs_test.py").write_text(textwrap.dedent(HANGS))
-    tree = read_tree(root)
-    files = select_files(tree, ["tpu_hangs_test"])
+    tree, files = _one_file(tmp_path, "tpu_hangs_test", HANGS)
     (run,) = run_tree(tree, files, ["stock"], tmp_path / "out", timeout=3, give_up=2)
     assert [(r.nodeid.rsplit("::", 1)[-1], r.status) for r in run.results] == [
         ("test_a", "hang"),

@@ -71,3 +71,15 @@ def inline(jaxpr: Any, rule_of: Callable[[Any], Rule | None]) -> tuple[Any, list
         jaxpr.debug_info,
     )
     return new, extra_consts
+
+
+def spliced(
+    jaxpr: Any, args: Sequence[Any], done: tuple[Any, list[Any]] | None
+) -> tuple[Any, tuple[Any, ...]]:
+    """The jaxpr and arguments to interpret: ``jaxpr``'s rewrite ``done`` (from :func:`inline`)
+    with its extra constants put after the old ones, or ``jaxpr`` as it is."""
+    if done is None:
+        return jaxpr, tuple(args)
+    new_jaxpr, extra = done
+    n = len(jaxpr.constvars)
+    return new_jaxpr, (*args[:n], *extra, *args[n:])

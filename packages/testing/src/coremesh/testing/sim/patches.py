@@ -633,7 +633,7 @@ def _made_outside_targets() -> list[tuple[Any, str, Any]]:
 def _sparsecore_primitive_targets() -> list[tuple[Any, str, Any]]:
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
-    from coremesh.testing.sim import sparsecore
+    from coremesh.testing.sim import inline, sparsecore
 
     orig = ipc._interpret_jaxpr
 
@@ -646,10 +646,7 @@ def _sparsecore_primitive_targets() -> list[tuple[Any, str, Any]]:
         if ctx.mesh is not None:
             axis_env.update(ctx.mesh.shape)
         done = sparsecore.rewrite(jaxpr, tuple(axis_env.items()))
-        if done is not None:
-            new_jaxpr, extra = done
-            n = len(jaxpr.constvars)
-            jaxpr, args = new_jaxpr, (*args[:n], *extra, *args[n:])
+        jaxpr, args = inline.spliced(jaxpr, args, done)
         return orig(jaxpr, *args, ctx=ctx, token=token)
 
     return [(ipc, "_interpret_jaxpr", interpret_jaxpr)]

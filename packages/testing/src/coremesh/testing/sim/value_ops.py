@@ -131,10 +131,7 @@ def targets() -> list[tuple[Any, str, Any]]:
                 wanted = any(rule_of(e) is not None for e in jaxpr.eqns)
                 cache[jaxpr] = inline.inline(jaxpr, rule_of) if wanted else None
             done = cache[jaxpr]
-        if done is not None:
-            new_jaxpr, extra = done
-            n = len(jaxpr.constvars)
-            jaxpr, args = new_jaxpr, (*args[:n], *extra, *args[n:])
+        jaxpr, args = inline.spliced(jaxpr, args, done)
         return orig(jaxpr, *args, ctx=ctx, token=token)
 
     return [(ipc, "_interpret_jaxpr", interpret_jaxpr)]
