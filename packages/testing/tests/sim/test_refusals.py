@@ -395,3 +395,45 @@ def test_a_window_that_stays_put_is_single_buffered_as_the_compiler_does(moves: 
         f"i8[{window}], while the full shape is i8[{4 * window}]. This allocation has 2 "
         "buffering levels." in text
     )
+
+
+def int_matmul(dtype: Any) -> Any:
+    def kernel(a_ref: Any, b_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.int32)
+
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((32, 128), jnp.int32))
+
+
+def lowering_error(fn: Any, dtype: Any) -> str | None:
+    """jax's Mosaic lowering of ``fn`` for one v5p device: its NotImplementedError, or None."""
+    from coremesh.testing.aot.topology import CompileTarget
+
+    args = (jax.ShapeDtypeStruct((32, 256), dtype), jax.ShapeDtypeStruct((256, 128), dtype))
+    with CompileTarget.for_chip("v5p", devices=1).activate():
+        try:
+            jax.jit(fn).trace(*args).lower().compile()
+        except NotImplementedError as err:
+            return str(err)
+    return None
+
+
+@pytest.mark.parametrize("dtype", [jnp.uint8, jnp.uint32, jnp.int8])
+def test_an_unsigned_integer_matmul_is_refused_as_mosaic_refuses_it(dtype: Any) -> None:
+    from coremesh.core.errors import UnsupportedOnChipError
+
+    fn = int_matmul(dtype)
+    refused = lowering_error(fn, dtype)
+    a = (np.arange(32 * 256) % 7).astype(dtype).reshape(32, 256)
+    b = (np.arange(256 * 128) % 5).astype(dtype).reshape(256, 128)
+    with simulate("v5p", 1):
+        if refused is None:
+            np.testing.assert_array_equal(
+                np.asarray(jax.jit(fn)(a, b)), a.astype(np.int32) @ b.astype(np.int32)
+            )
+            return
+        with pytest.raises(UnsupportedOnChipError) as info:
+            jax.jit(fn)(a, b)
+    assert isinstance(info.value, NotImplementedError)  # what code written for the chip catches
+    head = f"Unsigned integer dtype {np.dtype(dtype)} is not supported for dot_general (matmul)"
+    assert head in refused and head in str(info.value)
+    assert "x.astype(jnp.int32)" in str(info.value)

@@ -19,7 +19,12 @@ import jax.numpy as jnp
 
 from coremesh.core.capacity import check_fits
 from coremesh.core.chips import Chip
-from coremesh.core.errors import CapacityError, CollectiveIdError, MeshError
+from coremesh.core.errors import (
+    CapacityError,
+    CollectiveIdError,
+    MeshError,
+    UnsupportedOnChipError,
+)
 from coremesh.testing.sim.chip import SimulatedChip
 from coremesh.testing.sim.deadlock import semaphore_description
 from coremesh.testing.sim.errors import (
@@ -149,6 +154,8 @@ def check_integer_ops(jaxpr: Any, label: str, chip: str) -> None:
     """
     for eqn in all_eqns(jaxpr):
         name = eqn.primitive.name
+        if name == "dot_general":
+            _check_unsigned_dot(eqn, label, chip)
         if name not in _SCALAR_INT_OPS:
             continue
         outs = [getattr(v, "aval", None) for v in eqn.outvars]
@@ -188,6 +195,23 @@ def check_integer_ops(jaxpr: Any, label: str, chip: str) -> None:
             fix="cast to int32 first (x.astype(jnp.int32)), compute, and cast back to "
             f"{dtype} to store",
         )
+
+
+def _check_unsigned_dot(eqn: Any, label: str, chip: str) -> None:
+    """Mosaic's dot_general lowering refuses unsigned integer operands (lowering.py
+    ``_dot_general_lowering_rule``, jax 0.10.2 to 0.12.0.1): the MXU reads every integer as
+    signed. The interpreter multiplies them as unsigned."""
+    for v in eqn.invars:
+        dtype = getattr(getattr(v, "aval", None), "dtype", None)
+        if dtype is not None and jnp.issubdtype(dtype, jnp.unsignedinteger):
+            where = user_location(eqn.source_info)
+            raise UnsupportedOnChipError(
+                f"{label}: Unsigned integer dtype {dtype} is not supported for dot_general "
+                "(matmul) on the Pallas Mosaic TPU backend" + (f" (at {where})" if where else ""),
+                rule="the MXU reads every integer operand of a matmul as signed",
+                chip=chip,
+                fix="cast the operands to a signed type before the dot (x.astype(jnp.int32))",
+            )
 
 
 def block_bytes(grid_mapping: Any, chip: Chip) -> tuple[int, int, list[tuple[int, str]]]:
