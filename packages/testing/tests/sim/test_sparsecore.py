@@ -134,10 +134,7 @@ def test_out_of_range_gather_index_raises() -> None:
 
 @pytest.mark.parametrize(
     ("name", "body"),
-    [
-        ("plsc.subcore_barrier", lambda vi, vo, w, n: plsc.subcore_barrier()),
-        ("plsc.cumsum", lambda vi, vo, w, n: vo.__setitem__(..., plsc.cumsum(vi[...]))),
-    ],
+    [("plsc.subcore_barrier", lambda vi, vo, w, n: plsc.subcore_barrier())],
 )
 def test_unsimulated_primitives_are_refused(name: str, body: Body) -> None:
     with pytest.raises(NotSimulatedError, match=f"{name} is not simulated") as info:
@@ -332,3 +329,66 @@ def test_row_by_row_gather_is_simulated() -> None:
         )
         got = np.asarray(sim.run(f, table, idx))
         np.testing.assert_array_equal(got, np.asarray(table)[np.asarray(idx)])
+
+
+def lane_keys(v: Any) -> Any:
+    """Each subcore's lanes as small keys with duplicates and negatives (numpy: ``keys_of``)."""
+    return (v * 7919) % 13 - 6
+
+
+def keys_of(x: np.ndarray) -> np.ndarray:
+    return (x * 7919) % 13 - 6
+
+
+@pytest.mark.parametrize("descending", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+def test_sort_key_val_is_stable_with_invalid_lanes_last(masked: bool, descending: bool) -> None:
+    def body(v_in: Any, v_out: Any, w: Any, lanes: int) -> None:
+        keys = lane_keys(v_in[...])
+        values = jnp.arange(lanes, dtype=jnp.int32)
+        mask = keys % 3 != 0 if masked else None
+        out = plsc.sort_key_val(keys, values, mask=mask, descending=descending)
+        valid = out[2].astype(jnp.int32) if masked else 0
+        v_out[...] = (out[0] * 64 + out[1]) * 2 + valid
+
+    got, x, lanes = run_on_subcores("v5p", body)
+    for row, got_row in zip(x, got, strict=True):
+        keys = keys_of(row)
+        mask = keys % 3 != 0 if masked else np.ones(lanes, bool)
+        order_key = np.where(mask, -keys if descending else keys, 0)
+        order = np.lexsort((np.arange(lanes), order_key, ~mask))  # last key sorts first
+        want = (keys[order] * 64 + order) * 2 + (np.arange(lanes) < mask.sum() if masked else 0)
+        np.testing.assert_array_equal(got_row, want)
+
+
+@pytest.mark.parametrize("op", ["cumsum", "cummax", "cummin"])
+def test_masked_scans_run_over_the_valid_lanes(op: str) -> None:
+    def body(v_in: Any, v_out: Any, w: Any, lanes: int) -> None:
+        keys = lane_keys(v_in[...])
+        mask = keys % 2 == 0
+        if op == "cummin":  # no public plsc.cummin; its primitive is jax's own
+            from jax._src.pallas.mosaic import sc_primitives
+
+            v_out[...] = sc_primitives.masked_cummin_p.bind(keys, mask)
+        else:
+            v_out[...] = getattr(plsc, op)(keys, mask=mask)
+
+    got, x, _ = run_on_subcores("v5p", body)
+    for row, got_row in zip(x, got, strict=True):
+        keys, mask = keys_of(row), keys_of(row) % 2 == 0
+        if op == "cumsum":
+            want = np.cumsum(np.where(mask, keys, 0))
+        else:
+            pick = np.maximum if op == "cummax" else np.minimum
+            fill = np.iinfo(np.int32).min if op == "cummax" else np.iinfo(np.int32).max
+            running = pick.accumulate(np.where(mask, keys, fill))
+            want = np.where(np.cumsum(mask) > 0, running, keys)  # before a valid lane: itself
+        np.testing.assert_array_equal(got_row, want)
+
+
+def test_a_cumsum_over_two_axes_is_refused_as_mosaic_refuses_it() -> None:
+    def body(v_in: Any, v_out: Any, w: Any, lanes: int) -> None:
+        v_out[...] = jnp.cumsum(v_in[...].reshape(2, lanes // 2), axis=0).reshape(-1)
+
+    with pytest.raises(cc.UnsupportedOnChipError, match="must be rank 1"):
+        run_on_subcores("v5p", body)

@@ -11,6 +11,11 @@ never silently wrong.
 * ``load_gather`` / ``store_scatter`` / ``addupdate_scatter``: read the ref, gather or scatter with
   numpy semantics, write it back. Masked-off lanes load the interpreter's uninitialised value and
   store nothing; unmasked out-of-range indices raise.
+* ``sort_key_val`` (``masked_sort``): a stable sort of the valid lanes by key (descending: by the
+  reversed order, still stable), the invalid lanes after them in their own order, and the output
+  mask the first count(valid) lanes, as JAX's ``test_sort_key_val`` checks against numpy.
+* ``cumsum`` / ``cummax`` / ``cummin`` with a mask: the running sum (max, min) of the valid lanes;
+  a lane before the first valid one keeps its own value under max and min.
 * ``parallel_loop``: a sequential loop, one valid schedule of independent iterations (carries
   included). A body that depends on another iteration's writes is a bug the simulator cannot see.
 * an indexed DMA (``sync_copy(table.at[idx_ref], ...)`` gathers rows, ``sync_copy(rows,
@@ -49,6 +54,7 @@ from jax.experimental import io_callback
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu_sc as plsc
 
+from coremesh.core.errors import UnsupportedOnChipError
 from coremesh.testing.sim import inline
 from coremesh.testing.sim.errors import NotSimulatedError
 
@@ -154,10 +160,56 @@ def _parallel_loop(*flat_args: Any, tree: Any, unroll: int, jaxpr: Any) -> Seque
     return list(lax.fori_loop(jnp.int32(0), trips, body, tuple(carry)))
 
 
+def _sort_key(keys: Any, descending: bool) -> Any:
+    """A key whose ascending order is ``keys``' order (reversed if ``descending``): bitwise not
+    reverses an integer order without overflow, negation a float one."""
+    if not descending:
+        return keys
+    return -keys if jnp.issubdtype(keys.dtype, jnp.floating) else ~keys
+
+
+def _masked_sort(keys: Any, values: Any, *maybe_mask: Any, descending: bool) -> Sequence[Any]:
+    # Mosaic's tpu.sort: a stable sort of the valid lanes by key, the invalid ones after them in
+    # their own order; with a mask, the mask of the result is its first count(valid) lanes.
+    mask = maybe_mask[0] if maybe_mask else jnp.ones(keys.shape, bool)
+    order = jnp.arange(keys.shape[0], dtype=jnp.int32)
+    key = _sort_key(keys, descending)
+    invalid = (~mask).astype(jnp.int32)
+    key = jnp.where(mask, key, jnp.zeros_like(key))
+    _, _, _, out_keys, out_values = lax.sort(
+        (invalid, key, order, keys, values), num_keys=3, is_stable=True
+    )
+    if not maybe_mask:
+        return [out_keys, out_values]
+    return [out_keys, out_values, order < jnp.sum(mask.astype(jnp.int32))]
+
+
+def _masked_cumsum(x: Any, mask: Any) -> Sequence[Any]:
+    return [jnp.cumsum(jnp.where(mask, x, jnp.zeros_like(x)), dtype=x.dtype)]
+
+
+def _masked_cum_extreme(x: Any, mask: Any, *, biggest: bool) -> Sequence[Any]:
+    # The running max (min) of the valid lanes so far; a lane before the first valid one keeps
+    # its own value (JAX's test_masked_cummax checks both).
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        neutral = -jnp.inf if biggest else jnp.inf
+    else:
+        info = jnp.iinfo(x.dtype)
+        neutral = info.min if biggest else info.max
+    filled = jnp.where(mask, x, jnp.full_like(x, neutral))
+    running = lax.cummax(filled, axis=0) if biggest else lax.cummin(filled, axis=0)
+    seen = jnp.cumsum(mask.astype(jnp.int32)) > 0
+    return [jnp.where(seen, running, x)]
+
+
 _RULES: dict[Any, _Rule] = {
     scp.gather_p: _gather,
     scp.scatter_p: _scatter,
     scp.parallel_loop_p: _parallel_loop,
+    scp.masked_sort_p: _masked_sort,
+    scp.masked_cumsum_p: _masked_cumsum,
+    scp.masked_cummax_p: lambda x, mask: _masked_cum_extreme(x, mask, biggest=True),
+    scp.masked_cummin_p: lambda x, mask: _masked_cum_extreme(x, mask, biggest=False),
 }
 
 
@@ -247,6 +299,25 @@ def _indexed_side(src: Any, dst: Any) -> tuple[Any, Any, bool] | None:
     if scatter is not None:
         return (*scatter, False)
     return None
+
+
+def _cumsum_refusal(eqn: Any) -> UnsupportedOnChipError | None:
+    """Mosaic's SparseCore lowering of ``jnp.cumsum`` (sc_primitives.py
+    ``_cumsum_lowering_rule``) takes a rank-1 vector along axis 0, not reversed; the
+    interpreter runs any."""
+    if eqn.primitive.name != "cumsum":
+        return None
+    aval = eqn.invars[0].aval
+    if aval.ndim == 1 and not eqn.params.get("reverse") and eqn.params.get("axis", 0) == 0:
+        return None
+    from coremesh.testing.sim.chip import current_name
+
+    return UnsupportedOnChipError(
+        f"SC cumsum: x={aval.str_short()} must be rank 1, along axis 0 and not reversed",
+        rule="a SparseCore vector subcore scans one vector of lanes",
+        chip=current_name(),
+        fix="reshape to one axis and scan it, or scan each row in a loop",
+    )
 
 
 def _dma_refusal(eqn: Any) -> NotSimulatedError | None:
@@ -341,7 +412,7 @@ def rewrite(jaxpr: Any, axis_env: Sequence[tuple[Any, int]]) -> tuple[Any, list[
         if jaxpr in _cache:
             return _cache[jaxpr]
     for eqn in jaxpr.eqns:
-        err = refusal(eqn.primitive) or _dma_refusal(eqn)
+        err = refusal(eqn.primitive) or _dma_refusal(eqn) or _cumsum_refusal(eqn)
         if err is not None:
             raise err
     if not any(_rule(eqn) is not None for eqn in jaxpr.eqns):
