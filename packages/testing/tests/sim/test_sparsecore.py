@@ -392,3 +392,27 @@ def test_a_cumsum_over_two_axes_is_refused_as_mosaic_refuses_it() -> None:
 
     with pytest.raises(cc.UnsupportedOnChipError, match="must be rank 1"):
         run_on_subcores("v5p", body)
+
+
+@pytest.mark.parametrize("op", ["all_reduce_population_count", "all_reduce_ffs"])
+def test_mask_all_reduce_fills_every_lane(op: str) -> None:
+    def body(v_in: Any, v_out: Any, w: Any, lanes: int) -> None:
+        v_out[...] = getattr(plsc, op)(lane_keys(v_in[...]) > 3)
+
+    got, x, lanes = run_on_subcores("v5p", body)
+    for row, got_row in zip(x, got, strict=True):
+        mask = keys_of(row) > 3
+        want = (
+            np.count_nonzero(mask)
+            if op == "all_reduce_population_count"
+            else (int(np.argmax(mask)) if mask.any() else lanes)
+        )
+        np.testing.assert_array_equal(got_row, np.full(lanes, want))
+
+
+def test_mask_all_reduce_with_a_packed_reduce_is_refused() -> None:
+    def body(v_in: Any, v_out: Any, w: Any, lanes: int) -> None:
+        v_out[...] = jnp.tile(plsc.all_reduce_ffs(v_in[...] > 0, reduce=2), 2)
+
+    with pytest.raises(NotSimulatedError, match="reduce=2"):
+        run_on_subcores("v5p", body)

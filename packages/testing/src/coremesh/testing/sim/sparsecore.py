@@ -16,6 +16,8 @@ never silently wrong.
   mask the first count(valid) lanes, as JAX's ``test_sort_key_val`` checks against numpy.
 * ``cumsum`` / ``cummax`` / ``cummin`` with a mask: the running sum (max, min) of the valid lanes;
   a lane before the first valid one keeps its own value under max and min.
+* ``all_reduce_population_count`` / ``all_reduce_ffs`` with ``reduce=1``: the number of true
+  lanes / the first true lane (or the lane count), in every lane; another ``reduce`` is refused.
 * ``parallel_loop``: a sequential loop, one valid schedule of independent iterations (carries
   included). A body that depends on another iteration's writes is a bug the simulator cannot see.
 * an indexed DMA (``sync_copy(table.at[idx_ref], ...)`` gathers rows, ``sync_copy(rows,
@@ -202,6 +204,22 @@ def _masked_cum_extreme(x: Any, mask: Any, *, biggest: bool) -> Sequence[Any]:
     return [jnp.where(seen, running, x)]
 
 
+def _mask_all_reduce(x: Any, *, reduce: int, first: bool) -> Sequence[Any]:
+    # reduce > 1 is for the packed masks of some chips, whose layout the docstring leaves open.
+    if reduce != 1:
+        raise _not_simulated(
+            f"plsc.{'all_reduce_ffs' if first else 'all_reduce_population_count'} with "
+            f"reduce={reduce}",
+            "only reduce=1 (one count for the whole mask, in every lane) is specified",
+        )
+    n = x.shape[0]
+    if first:
+        value = jnp.min(jnp.where(x, jnp.arange(n, dtype=jnp.int32), jnp.int32(n)))
+    else:
+        value = jnp.sum(x.astype(jnp.int32))
+    return [jnp.full((n,), value, jnp.int32)]
+
+
 _RULES: dict[Any, _Rule] = {
     scp.gather_p: _gather,
     scp.scatter_p: _scatter,
@@ -210,6 +228,10 @@ _RULES: dict[Any, _Rule] = {
     scp.masked_cumsum_p: _masked_cumsum,
     scp.masked_cummax_p: lambda x, mask: _masked_cum_extreme(x, mask, biggest=True),
     scp.masked_cummin_p: lambda x, mask: _masked_cum_extreme(x, mask, biggest=False),
+    scp.all_reduce_population_count_p: lambda x, reduce: _mask_all_reduce(
+        x, reduce=reduce, first=False
+    ),
+    scp.all_reduce_ffs_p: lambda x, reduce: _mask_all_reduce(x, reduce=reduce, first=True),
 }
 
 
