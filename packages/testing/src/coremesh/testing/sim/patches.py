@@ -1012,9 +1012,10 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         "view_refs",
-        "a load, store or DMA through ref.reshape(...) or a transposed ref fails in its callback "
-        "with \"'ReshapeTransform' object has no attribute 'indices'\" (utils.py to_range reads "
-        "every transform as an index): JAX's ragged_paged_attention loads its KV pages so",
+        "a load, store or DMA through ref.reshape(...), ref.transpose(...) or ref.bitcast(...) "
+        "fails in its callback with \"'ReshapeTransform' object has no attribute 'indices'\" "
+        "(utils.py to_range reads every transform as an index): JAX's ragged_paged_attention "
+        "loads its KV pages so, and tpu_ops_test loads through ref.bitcast",
         _view_refs_targets,
     ),
     Patch(
