@@ -416,3 +416,222 @@ def test_mask_all_reduce_with_a_packed_reduce_is_refused() -> None:
 
     with pytest.raises(NotSimulatedError, match="reduce=2"):
         run_on_subcores("v5p", body)
+
+
+def test_store_compressed_writes_the_true_lanes_first_and_nothing_else() -> None:
+    """The true lanes of x, in lane order, go to v_out[0], v_out[1], ...; the rest of the ref
+    keeps what it held."""
+
+    def body(v_in: Any, v_out: Any, w: Any, lanes: int) -> None:
+        x = v_in[...]
+        v_out[...] = jnp.full((lanes,), -1, jnp.int32)
+        plsc.store_compressed(v_out.at[...], x, mask=lane_keys(x) > 0)
+
+    got, x, lanes = run_on_subcores("v5p", body)
+    for row, got_row in zip(x, got, strict=True):
+        kept = row[keys_of(row) > 0]
+        want = np.full(lanes, -1)
+        want[: kept.size] = kept
+        np.testing.assert_array_equal(got_row, want)
+
+
+def test_addupdate_compressed_reads_and_adds_only_the_first_count_lanes() -> None:
+    """Only the first count(mask) elements are read: the others were never written (on the
+    first subcore: the interpreter's scratch then holds what the subcore before left), and an
+    integer read of them would raise."""
+
+    def body(v_in: Any, v_out: Any, w: Any, lanes: int) -> None:
+        x = v_in[...]
+        lane = jnp.arange(lanes)
+        pltpu.store(v_out, x * 10, mask=lane < 3)
+        plsc.addupdate_compressed(v_out.at[...], x, mask=(lane == 1) | (lane >= lanes - 2))
+
+    got, x, lanes = run_on_subcores("v5p", body)
+    np.testing.assert_array_equal(got[:, :3], x[:, :3] * 10 + x[:, [1, lanes - 2, lanes - 1]])
+
+
+def test_addupdate_adds_to_every_lane_of_a_view() -> None:
+    def body(v_in: Any, v_out: Any, w: Any, lanes: int) -> None:
+        v_out[...] = v_in[...]
+        half = pl.ds(lanes // 2, lanes // 2)
+        plsc.addupdate(v_out.at[...], v_in[...] * 2)
+        plsc.addupdate(v_out.at[half], jnp.full((lanes // 2,), 1000, jnp.int32))
+
+    got, x, lanes = run_on_subcores("v5p", body)
+    want = x * 3
+    want[:, lanes // 2 :] += 1000
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("view", [False, True])
+def test_load_expanded_puts_the_ith_element_in_the_ith_true_lane(view: bool) -> None:
+    """Lane j gets ref[number of true lanes before j] where the mask is true; false lanes hold
+    the uninitialised value. Only the first count(mask) elements are read: the rest of the
+    scratch read from was never written (an integer read of it would raise)."""
+
+    def body(v_in: Any, v_out: Any, w: Any, lanes: int) -> None:
+        n = lanes // 2 if view else lanes
+        lane = jnp.arange(n)
+        mask = (lane_keys(v_in[...]) % 2 == 0)[:n]
+        src = v_out.at[pl.ds(lanes - n, n)]
+        pltpu.store(src, v_in[pl.ds(0, n)], mask=lane < jnp.sum(mask.astype(jnp.int32)))
+        got = plsc.load_expanded(src, mask=mask)
+        v_out[...] = jnp.concatenate([got, jnp.zeros((lanes - n,), jnp.int32)])
+
+    got, x, lanes = run_on_subcores("v5p", body)
+    n = lanes // 2 if view else lanes
+    for row, got_row in zip(x, got, strict=True):
+        mask = (keys_of(row) % 2 == 0)[:n]
+        want = np.full(lanes, np.iinfo(np.int32).max)  # the interpreter's uninitialised int
+        want[n:] = 0
+        want[:n][mask] = row[: mask.sum()]
+        np.testing.assert_array_equal(got_row, want)
+
+
+def test_store_compressed_to_hbm_is_refused_as_mosaic_refuses_it() -> None:
+    with simulate(chip="v5p", devices=1) as sim:
+
+        def kernel(o_hbm: Any) -> None:
+            plsc.addupdate(o_hbm.at[...], jnp.ones((8,), jnp.int32))
+
+        mesh = plsc.VectorSubcoreMesh(
+            core_axis_name="core", subcore_axis_name="subcore", num_cores=1, num_subcores=1
+        )
+        f = jax.jit(pl.kernel(kernel, out_type=jnp.zeros(8, jnp.int32), mesh=mesh))
+        with pytest.raises(cc.UnsupportedOnChipError, match="Swap does not support storing to HBM"):
+            sim.run(f)
+
+
+def run_vector(body: Callable[..., Any], *inputs: Any, out: Any) -> Any:
+    """``body(*input values)`` on one vector subcore; its results (shapes of ``out``) back."""
+    with simulate(chip="v5p", devices=1) as sim:
+        outs = jax.tree.leaves(out)
+        n_in = len(inputs)
+
+        def kernel(*refs: Any) -> None:
+            hbm_in, hbm_out = refs[:n_in], refs[n_in : n_in + len(outs)]
+            vmem_in, vmem_out = refs[n_in + len(outs) : 2 * n_in + len(outs)], refs[-len(outs) :]
+            for h, v in zip(hbm_in, vmem_in, strict=True):
+                pltpu.sync_copy(h, v)
+            results = jax.tree.leaves(body(*(v[...] for v in vmem_in)))
+            for r, v, h in zip(results, vmem_out, hbm_out, strict=True):
+                v[...] = r
+                pltpu.sync_copy(v, h)
+
+        mesh = plsc.VectorSubcoreMesh(
+            core_axis_name="core", subcore_axis_name="subcore", num_cores=1, num_subcores=1
+        )
+        scratch = [pltpu.VMEM(a.shape, a.dtype) for a in (*inputs, *outs)]
+        f = jax.jit(pl.kernel(kernel, out_type=tuple(outs), mesh=mesh, scratch_types=scratch))
+        return [np.asarray(o) for o in sim.run(f, *inputs)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_pack_layouts_and_conversions(dtype: Any) -> None:
+    """INTERLEAVED is [a0, b0, a1, b1, ...], COMPRESSED is a then b; float32 rounds to the
+    nearest even bfloat16, int32 keeps its low 16 bits (unpack sign-extends them)."""
+    import ml_dtypes
+
+    lanes = 8
+    a: np.ndarray
+    b: np.ndarray
+    narrow: Any
+    wide: Any
+    if dtype == np.float32:
+        a = np.arange(lanes, dtype=np.float32) * np.float32(1.00390625 + 2.0**-9) - 3
+        b = np.float32(1 + 2.0**-8) * np.arange(1, lanes + 1, dtype=np.float32) * 100
+        narrow, wide = ml_dtypes.bfloat16, np.float32
+    else:
+        a = np.arange(lanes, dtype=np.int32) * 40000 - 70000
+        b = -np.arange(lanes, dtype=np.int32) * 123457
+        narrow, wide = np.int16, np.int32
+    a16 = a.astype(narrow).astype(wide)
+    b16 = b.astype(narrow).astype(wide)
+    assert (a16 != a).any() and (b16 != b).any()  # the data needs rounding or truncating
+    inter, comp = plsc.PackFormat.INTERLEAVED, plsc.PackFormat.COMPRESSED
+
+    def body(x: Any, y: Any) -> Any:
+        inter_ab = plsc.pack(x, y, format=inter)
+        comp_ab = plsc.pack(x, y, format=comp)
+        # Unpacking in the other format shows where pack put each value.
+        return (
+            *plsc.unpack(inter_ab.reshape(lanes, 2), format=comp),
+            *plsc.unpack(comp_ab, format=comp),
+        )
+
+    spec = jax.ShapeDtypeStruct((lanes,), wide)
+    got = run_vector(body, jnp.asarray(a), jnp.asarray(b), out=(spec,) * 4)
+    interleaved = np.stack([a16, b16], axis=1).reshape(-1)
+    np.testing.assert_array_equal(got[0], interleaved[:lanes])
+    np.testing.assert_array_equal(got[1], interleaved[lanes:])
+    np.testing.assert_array_equal(got[2], a16)
+    np.testing.assert_array_equal(got[3], b16)
+
+
+def test_pack_to_another_type_is_refused() -> None:
+    def body(x: Any) -> Any:
+        ab = plsc.pack(x, x, format=plsc.PackFormat.INTERLEAVED, preferred_element_type=jnp.int16)
+        return plsc.unpack(ab, format=plsc.PackFormat.INTERLEAVED)
+
+    x = jnp.arange(8, dtype=jnp.float32)
+    spec = jax.ShapeDtypeStruct((8,), jnp.int32)
+    with pytest.raises(NotSimulatedError, match=r"plsc\.pack from float32 to int16"):
+        run_vector(body, x, out=(spec, spec))
+
+
+def scan_count_reference(x: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    counts, last = np.ones(x.size, np.int32), np.zeros(x.size, bool)
+    for i in range(x.size):
+        if mask[i]:
+            counts[i] = np.sum(mask[: i + 1] & (x[: i + 1] == x[i]))
+            last[i] = not np.any(mask[i + 1 :] & (x[i + 1 :] == x[i]))
+    return counts, last
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float32])
+def test_scan_count_counts_duplicates_up_to_each_lane(dtype: Any) -> None:
+    def body(v_in: Any, v_out: Any, w: Any, lanes: int) -> None:
+        counts, last = plsc.scan_count((lane_keys(v_in[...]) % 3).astype(dtype))
+        v_out[...] = counts * 2 + last.astype(jnp.int32)
+
+    got, x, lanes = run_on_subcores("v5p", body)
+    for row, got_row in zip(x, got, strict=True):
+        counts, last = scan_count_reference(keys_of(row) % 3, np.ones(lanes, bool))
+        np.testing.assert_array_equal(got_row, counts * 2 + last)
+
+
+def test_masked_scan_count_counts_only_valid_lanes() -> None:
+    """An invalid lane counts 1 and is not counted; the output mask is left unused (what it
+    holds in an invalid lane is not specified)."""
+
+    def body(v_in: Any, v_out: Any, w: Any, lanes: int) -> None:
+        keys = lane_keys(v_in[...])
+        counts, _ = plsc.scan_count(keys % 3, mask=keys > -2)
+        v_out[...] = counts
+
+    got, x, _ = run_on_subcores("v5p", body)
+    for row, got_row in zip(x, got, strict=True):
+        keys = keys_of(row)
+        np.testing.assert_array_equal(got_row, scan_count_reference(keys % 3, keys > -2)[0])
+
+
+@pytest.mark.parametrize(
+    ("values", "masked", "match"),
+    [
+        ("ints", True, "output mask where the input mask has a false lane"),
+        ("nan", False, "holding a NaN, or both"),
+        ("zeros", False, "holding a NaN, or both"),
+    ],
+)
+def test_scan_count_cases_the_docs_leave_open_raise(values: str, masked: bool, match: str) -> None:
+    def body(v_in: Any, v_out: Any, w: Any, lanes: int) -> None:
+        x = v_in[...]
+        if values == "nan":
+            x = jnp.where(x > 0, jnp.nan, 1.0)
+        elif values == "zeros":
+            x = jnp.where(x > 0, 0.0, -0.0)
+        counts, last = plsc.scan_count(x, mask=x != 2 if masked else None)
+        v_out[...] = counts + last.astype(jnp.int32)
+
+    with pytest.raises(NotSimulatedError, match=match):
+        run_on_subcores("v5p", body)

@@ -18,6 +18,26 @@ never silently wrong.
   a lane before the first valid one keeps its own value under max and min.
 * ``all_reduce_population_count`` / ``all_reduce_ffs`` with ``reduce=1``: the number of true
   lanes / the first true lane (or the lane count), in every lane; another ``reduce`` is refused.
+* ``load_expanded`` (``load`` with a mask): the i-th true lane gets ``ref[i]``; only the first
+  count(mask) elements are read (one by one: the interpreter has no masked load); false lanes
+  hold the interpreter's uninitialised value (the docstring leaves them undefined).
+* ``store_compressed`` / ``addupdate_compressed`` / ``addupdate`` (``swap`` with a mask or
+  ``add``): the true lanes of ``x``, in lane order, are stored to (added to) ``ref[0]``,
+  ``ref[1]``, ...; the elements past count(mask) are neither read nor written. Without a mask,
+  ``addupdate`` adds ``x`` to the whole ref. Mosaic lowers both jax lines' forms to the same
+  expanded load and compressed store (``vector_load`` / ``vector_store`` with a mask). Only
+  1-D refs are simulated with a mask; a ref in HBM or VMEM_SHARED is refused as Mosaic
+  refuses it.
+* ``pack`` / ``unpack`` with their default types (float32 <-> bfloat16 rounding to nearest
+  even, int32 <-> int16 keeping the low bits / sign-extending): ``INTERLEAVED`` is
+  ``[a0, b0, a1, b1, ...]``, ``COMPRESSED`` is ``a`` then ``b`` (``[[a0, a1], [b0, b1]]`` for
+  two lanes), as ``plsc.PackFormat`` and Mosaic's ``tpu.pack_subelements`` describe them.
+  Another ``preferred_element_type`` is refused.
+* ``scan_count`` (``unique`` on jax 0.10.2): per lane, how many valid lanes up to it hold the
+  same value (1 for an invalid lane), and the output mask true at the last valid occurrence of
+  each value (Mosaic's ``tpu.scan_count``). What the output mask holds in an invalid lane is not
+  specified: a run where that mask is used and a lane is invalid raises, as does one where a
+  float NaN or both zeros are among the valid lanes (bitwise and numeric equality differ).
 * ``parallel_loop``: a sequential loop, one valid schedule of independent iterations (carries
   included). A body that depends on another iteration's writes is a bug the simulator cannot see.
 * an indexed DMA (``sync_copy(table.at[idx_ref], ...)`` gathers rows, ``sync_copy(rows,
@@ -37,6 +57,7 @@ never silently wrong.
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import Sequence
@@ -65,16 +86,11 @@ _Rule = inline.Rule
 #: User-facing spelling of each refused primitive, for the error message.
 _API_NAMES = {
     "barrier": "plsc.subcore_barrier",
-    "load": "plsc.load_expanded",
-    "swap": "plsc.store_compressed / plsc.addupdate / plsc.addupdate_compressed",
     "bitcast": "plsc.bitcast",
-    "unique": "plsc.scan_count",
     "masked_cummax": "plsc.cummax",
     "masked_cummin": "plsc.cummin",
     "masked_cumsum": "plsc.cumsum",
     "masked_sort": "plsc.sort_key_val",
-    "pack": "plsc.pack",
-    "unpack": "plsc.unpack",
     "sc_fetch_and_add": "plsc.fetch_and_add",
 }
 
@@ -220,6 +236,174 @@ def _mask_all_reduce(x: Any, *, reduce: int, first: bool) -> Sequence[Any]:
     return [jnp.full((n,), value, jnp.int32)]
 
 
+def _runtime_check(check: Any, *args: Any) -> None:
+    """Run ``check`` on the host with ``args``' values; what it raises fails the kernel."""
+
+    def run(*values: Any) -> None:
+        try:
+            check(*(np.asarray(v) for v in values))
+        except Exception as err:
+            from coremesh.testing.sim.deadlock import WATCHDOG
+
+            WATCHDOG.record(err)
+            raise
+
+    io_callback(run, None, *args)
+
+
+def _one_dim(what: str, shape: tuple[int, ...]) -> None:
+    if len(shape) != 1:
+        raise _not_simulated(
+            f"{what} on a ref view of shape {shape}",
+            "only 1-D views are simulated (the i-th true lane goes with element i)",
+        )
+
+
+def _leading(ref: Any, count: Any) -> Any:
+    """``ref[:count]`` (1-D, ``count`` traced) at the front of a vector of the ref's length, the
+    rest uninitialised: one element read at a time, since the interpreter has no masked load
+    and a read of the whole ref would read elements the kernel may never have written."""
+    n = ref.shape[0]
+    dtype = ref.dtype
+
+    def one(k: Any, acc: Any) -> Any:
+        return acc.at[k].set(ref[pl.ds(k, 1)][0])
+
+    init = jnp.full((n,), _uninitialized(dtype), dtype)
+    return lax.fori_loop(jnp.int32(0), count, one, init)
+
+
+def _expanded(ref: Any, mask: Any) -> Any:
+    """``plsc.load_expanded(ref, mask=mask)``: the i-th true lane gets ``ref[i]``; only the
+    first count(mask) elements are read, false lanes hold the uninitialised value."""
+    _one_dim("plsc.load_expanded", tuple(ref.shape))
+    read = _leading(ref, jnp.sum(mask.astype(jnp.int32)))
+    source = jnp.maximum(jnp.cumsum(mask.astype(jnp.int32)) - 1, 0)
+    return jnp.where(mask, read[source], jnp.asarray(_uninitialized(read.dtype), read.dtype))
+
+
+def _load(ref: Any, *args: Any, has_mask: bool, tree: Any) -> Sequence[Any]:
+    if not has_mask:  # not made by any plsc function: load_expanded always passes a mask
+        raise _not_simulated(
+            "the SparseCore load primitive without a mask",
+            "plsc.load_expanded (which passes a mask) is the form that is simulated",
+        )
+    *flat_transforms, mask = args
+    return [_expanded(_ref(ref, jax.tree.unflatten(tree, flat_transforms)), mask)]
+
+
+def _swap(
+    ref: Any,
+    x: Any,
+    *args: Any,
+    has_mask: bool,
+    tree: Any,
+    add: bool,
+    compress: bool | None = None,
+    result_used: bool = True,
+) -> Sequence[Any]:
+    """``store_compressed`` / ``addupdate_compressed`` (mask) and ``addupdate`` (no mask).
+
+    The result is what Mosaic's lowering returns (sc_lowering ``_store_lowering_rule``): the
+    ref's old contents, loaded expanded with the mask; it is read only if the kernel uses it
+    (the plsc functions drop it). ``compress`` is jax >= 0.11's name for "masked" (0.10.2
+    lowers a masked swap to the same compressed ``tpu.vector_store``).
+    """
+    if compress is not None and compress != has_mask:
+        raise _not_simulated(
+            f"the SparseCore swap primitive with compress={compress} and "
+            f"{'a' if has_mask else 'no'} mask",
+            "Mosaic lowers a mask only as a compressed store, and compression needs a mask",
+        )
+    flat_transforms = args[:-1] if has_mask else args
+    dst = _ref(ref, jax.tree.unflatten(tree, flat_transforms))
+    if not has_mask:
+        old = dst[...] if (add or result_used) else None
+        dst[...] = old + x if add else x
+        return [old if old is not None else x]  # x only when the result is unused
+    mask = args[-1]
+    what = "plsc.addupdate_compressed" if add else "plsc.store_compressed"
+    _one_dim(what, tuple(dst.shape))
+    old = _expanded(dst, mask) if result_used else x
+    n = mask.shape[0]
+    count = jnp.sum(mask.astype(jnp.int32))
+    written = jnp.arange(n, dtype=jnp.int32) < count
+    # The true lanes first, in lane order.
+    _, order = lax.sort(((~mask).astype(jnp.int32), jnp.arange(n, dtype=jnp.int32)), num_keys=2)
+    packed = x[order]
+    if add:
+        packed = _leading(dst, count) + packed
+    tpu_primitives.store(dst, packed, mask=written)
+    return [old]
+
+
+#: ``plsc.pack``'s default packed type for each source type (sc_primitives.py).
+_PACKED = {np.dtype(np.float32): jnp.bfloat16, np.dtype(np.int32): jnp.int16}
+_UNPACKED = {np.dtype(jnp.bfloat16): jnp.float32, np.dtype(np.int16): jnp.int32}
+
+
+def _pack_types(what: str, source: Any, preferred: Any, table: dict[Any, Any]) -> Any:
+    default = table.get(np.dtype(source))
+    if default is None or (preferred is not None and np.dtype(preferred) != np.dtype(default)):
+        raise _not_simulated(
+            f"{what} from {np.dtype(source).name} to "
+            f"{np.dtype(preferred if preferred is not None else source).name}",
+            "only the default types (float32 <-> bfloat16, int32 <-> int16) are simulated; "
+            "Mosaic's conversion to another type is not specified",
+        )
+    return default
+
+
+def _pack(a: Any, b: Any, *, format: Any, preferred_element_type: Any) -> Sequence[Any]:
+    # tpu.pack_subelements: floats round to nearest even, integers keep their low bits.
+    packed = _pack_types("plsc.pack", a.dtype, preferred_element_type, _PACKED)
+    a, b = a.astype(packed), b.astype(packed)
+    if format == scp.PackFormat.INTERLEAVED:  # [a0, b0, a1, b1, ...]
+        return [jnp.stack([a, b], axis=1).reshape(-1)]
+    return [jnp.concatenate([a, b]).reshape(a.shape[0], 2)]  # [[a0, a1], [b0, b1]]
+
+
+def _unpack(ab: Any, *, format: Any, preferred_element_type: Any) -> Sequence[Any]:
+    # tpu.unpack_subelements: integers sign-extend (integer_extended, signed by default).
+    wide = _pack_types("plsc.unpack", ab.dtype, preferred_element_type, _UNPACKED)
+    if format == scp.PackFormat.INTERLEAVED:
+        a, b = ab[0::2], ab[1::2]
+    else:
+        flat = ab.reshape(-1)
+        a, b = flat[: ab.shape[0]], flat[ab.shape[0] :]
+    return [a.astype(wide), b.astype(wide)]
+
+
+def _check_scan_count(x: np.ndarray, mask: np.ndarray, mask_used: bool) -> None:
+    if mask_used and not mask.all():
+        raise _not_simulated(
+            "plsc.scan_count's output mask where the input mask has a false lane",
+            "what tpu.scan_count's output mask holds in a lane that was not counted is not "
+            "specified",
+        )
+    if np.issubdtype(x.dtype, np.floating):
+        valid = x[mask]
+        zeros = valid[valid == 0]
+        if np.isnan(valid).any() or len(np.unique(np.signbit(zeros))) > 1:
+            raise _not_simulated(
+                "plsc.scan_count of float lanes holding a NaN, or both +0.0 and -0.0",
+                "whether the chip compares such lanes by bits or by value is not specified",
+            )
+
+
+def _scan_count(x: Any, mask: Any, *, mask_used: bool = True) -> Sequence[Any]:
+    """Mosaic's tpu.scan_count along the last axis: for a valid lane, the number of valid
+    lanes up to and including it with the same value; 1 for an invalid lane. The output mask
+    is true at the last valid occurrence of each value."""
+    _runtime_check(functools.partial(_check_scan_count, mask_used=mask_used), x, mask)
+    n = x.shape[-1]
+    same = (x[..., :, None] == x[..., None, :]) & mask[..., None, :]  # [..., lane, other]
+    lane, other = jnp.arange(n)[:, None], jnp.arange(n)[None, :]  # traced: no array constants
+    upto = jnp.sum(same & (other <= lane), axis=-1, dtype=jnp.int32)
+    later = jnp.any(same & (other > lane), axis=-1)
+    return [jnp.where(mask, upto, jnp.int32(1)), mask & ~later]
+
+
 _RULES: dict[Any, _Rule] = {
     scp.gather_p: _gather,
     scp.scatter_p: _scatter,
@@ -232,14 +416,30 @@ _RULES: dict[Any, _Rule] = {
         x, reduce=reduce, first=False
     ),
     scp.all_reduce_ffs_p: lambda x, reduce: _mask_all_reduce(x, reduce=reduce, first=True),
+    scp.load_p: _load,
+    scp.swap_p: _swap,
+    scp.pack_p: _pack,
+    scp.unpack_p: _unpack,
+    scp.scan_count_p: _scan_count,
 }
 
 
-def _rule(eqn: Any) -> _Rule | None:
-    """How ``eqn`` is rewritten for the interpreter, or None if it runs as it is."""
+def _rule(eqn: Any, used: frozenset[Any] | None = None) -> _Rule | None:
+    """How ``eqn`` is rewritten for the interpreter, or None if it runs as it is. ``used``:
+    the variables the jaxpr reads (None: take every result as used)."""
     if _is_indexed_dma(eqn):
         return _indexed_copy
+    if used is not None and eqn.primitive is scp.swap_p:
+        return functools.partial(_swap, result_used=eqn.outvars[0] in used)
+    if used is not None and eqn.primitive is scp.scan_count_p:
+        return functools.partial(_scan_count, mask_used=eqn.outvars[1] in used)
     return _RULES.get(eqn.primitive)
+
+
+def _used(jaxpr: Any) -> frozenset[Any]:
+    """The variables ``jaxpr``'s equations and outputs read (inner jaxprs close over nothing)."""
+    atoms = [v for eqn in jaxpr.eqns for v in eqn.invars] + list(jaxpr.outvars)
+    return frozenset(v for v in atoms if not isinstance(v, jax_core.Literal))
 
 
 def _sparsecore_primitives() -> dict[Any, str]:
@@ -342,6 +542,36 @@ def _cumsum_refusal(eqn: Any) -> UnsupportedOnChipError | None:
     )
 
 
+def _vector_memory_refusal(eqn: Any) -> UnsupportedOnChipError | None:
+    """Mosaic's SparseCore load and store (sc_lowering.py ``_load_lowering_rule`` /
+    ``_store_lowering_rule``, which ``load_expanded``, ``store_compressed`` and ``addupdate``
+    lower through) refuse a ref in HBM or VMEM_SHARED; the interpreter would run them."""
+    if eqn.primitive not in (scp.load_p, scp.swap_p):
+        return None
+    ref, *args = eqn.invars
+    if eqn.primitive is scp.swap_p:
+        args = args[1:]
+    flat = args[:-1] if eqn.params["has_mask"] else args
+    aval = state_types.transform_type(
+        jax.tree.unflatten(eqn.params["tree"], [v.aval for v in flat]), ref.aval
+    )
+    space = getattr(aval, "memory_space", None)
+    space = getattr(space, "memory_space", space)  # a core memory space: the one it wraps
+    name = str(space).lower().rsplit(".", 1)[-1]
+    if name not in ("hbm", "vmem_shared"):
+        return None
+    from coremesh.testing.sim.chip import current_name
+
+    op, verb = ("Get", "loading from") if eqn.primitive is scp.load_p else ("Swap", "storing to")
+    return UnsupportedOnChipError(
+        f"{op} does not support {verb} {name.upper()}: a SparseCore vector load or store "
+        f"(plsc.load_expanded / store_compressed / addupdate) of a {aval.str_short()} ref",
+        rule="a SparseCore vector subcore loads and stores its own VMEM only",
+        chip=current_name(),
+        fix="copy the data to VMEM with pltpu.async_copy / sync_copy first",
+    )
+
+
 def _dma_refusal(eqn: Any) -> NotSimulatedError | None:
     """The error for a DMA the simulator cannot run, else None. An indexed DMA that Mosaic
     refuses raises Mosaic's coremesh error here instead."""
@@ -434,14 +664,20 @@ def rewrite(jaxpr: Any, axis_env: Sequence[tuple[Any, int]]) -> tuple[Any, list[
         if jaxpr in _cache:
             return _cache[jaxpr]
     for eqn in jaxpr.eqns:
-        err = refusal(eqn.primitive) or _dma_refusal(eqn) or _cumsum_refusal(eqn)
+        err = (
+            refusal(eqn.primitive)
+            or _dma_refusal(eqn)
+            or _cumsum_refusal(eqn)
+            or _vector_memory_refusal(eqn)
+        )
         if err is not None:
             raise err
     if not any(_rule(eqn) is not None for eqn in jaxpr.eqns):
         result = None
     else:
         with jax_core.extend_axis_env_nd(tuple(axis_env)):
-            result = inline.inline(jaxpr, _rule)
+            used = _used(jaxpr)
+            result = inline.inline(jaxpr, lambda eqn: _rule(eqn, used))
     with _cache_lock:
         _cache[jaxpr] = result
     return result
