@@ -141,6 +141,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "view_refs",  # test_ref_views.py
         "masked_swap",  # test_ref_views.py
         "value_ops",  # test_value_ops.py
+        "kernel_semaphores",  # test_kernel_semaphores.py
     }
     assert covered == set(PATCH_NAMES)
 

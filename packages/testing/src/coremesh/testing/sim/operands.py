@@ -11,9 +11,9 @@ on jax 0.10), and crashes on some it cannot model. Checked before the kernel is 
   dtypes are not supported"), so on that line the kernel body is searched for one;
 * extended dtypes (semaphores, PRNG keys) have no data-type rule, and Mosaic lowers both as
   operands, but the interpreter runs neither: it fills a fresh buffer of each operand and result
-  with NaN (``NotImplementedError: nan + key<fry>``), and a semaphore passed between kernels
-  carries a DMA that would land in a buffer the next kernel no longer sees (each kernel copies
-  its buffers in and out). Both are refused here with what to do instead.
+  with NaN (``NotImplementedError: nan + key<fry>``). Keys are refused here with what to do
+  instead; semaphores reach this check only with patch ``kernel_semaphores`` off (it runs them,
+  ``coremesh.testing.sim.kernel_semaphores``) and are refused likewise.
 """
 
 from __future__ import annotations

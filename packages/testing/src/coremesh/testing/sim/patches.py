@@ -944,6 +944,12 @@ def _dma_clocks_targets() -> list[tuple[Any, str, Any]]:
     return dma_clocks.targets()
 
 
+def _kernel_semaphores_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import kernel_semaphores
+
+    return kernel_semaphores.targets()
+
+
 def _schedule_targets() -> list[tuple[Any, str, Any]]:
     from coremesh.testing.sim import schedule
 
@@ -1108,6 +1114,15 @@ PATCHES: tuple[Patch, ...] = (
         "semaphore without a collective id, and a kernel that ends with a semaphore above zero "
         "or a DMA never waited (it only prints, interpret_pallas_call.py:310)",
         _refusal_targets,
+    ),
+    Patch(
+        "kernel_semaphores",
+        "a kernel whose operands or results are semaphores (a copy started in one kernel and "
+        "waited for in the next) fails: the interpreter fills a semaphore result like data "
+        "('nan + dma_sem', utils.py get_uninitialized_array) and copies a semaphore operand as "
+        "a buffer ('Cannot interpret 'dma_sem' as a data type'), and each kernel's semaphores "
+        "end with it",
+        _kernel_semaphores_targets,
     ),
     Patch(
         "poison_buffers",

@@ -1,0 +1,375 @@
+"""Semaphores handed from one kernel to the next: a copy started in one kernel, waited in another.
+
+Mosaic lowers kernels whose operands or results are semaphores (``out_shape=...
+pltpu.SemaphoreType.DMA(())`` with a ``pltpu.SEMAPHORE`` BlockSpec; ``jax.new_ref(sem,
+memory_space=pltpu.SEMAPHORE)`` closed over by a ``core_map``): the semaphore outlives the
+kernel, so one kernel starts a DMA and a later one waits for it (JAX's ``tpu_pallas_async_test``,
+``PallasSparsecoreAsyncTest``). Pallas' interpreter gives every kernel a fresh shared memory and
+treats a semaphore operand as data: it fills it with NaN ("nan + dma_sem") or copies it as a
+buffer ("Cannot interpret 'dma_sem' as a data type").
+
+Simulated so. Between kernels a semaphore array holds handles (int32, the type jax lowers
+semaphores to) into a table of counts the simulator keeps. A kernel that takes or returns one
+runs with a scratch semaphore in its place and an SMEM int32 block for the handle:
+
+* at the start, the scratch semaphore takes the count its handle holds (a semaphore the kernel
+  only returns is new: count zero, a new handle);
+* at the end, for a semaphore the kernel returns, the copies still in flight on it land (a copy
+  may finish at any time before its wait; the kernel's buffers are copied out when it ends, so
+  under ``on_wait`` this is the latest it can land), its count goes back to the table and the
+  scratch semaphore to zero. A semaphore the kernel only takes must end at zero, as its own
+  semaphores must (``UnfinishedKernelError``).
+
+Both steps are ``semaphore_wait`` s whose value (below ``HANDOFF``, which no kernel waits for:
+the chip would wait forever) carries the handle; the patched wait answers them. The count is per
+core: a kernel of more than one grid step or core taking or returning a semaphore is refused
+(:class:`NotSimulatedError`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import math
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from coremesh.testing.sim.errors import NotSimulatedError
+
+#: Wait values at and below ``BARRIER`` are the hand-off's: ``BARRIER`` waits for every device to
+#: get there, ``LAND`` lands the copies in flight on the semaphore, ``HANDOFF - h`` gives its count
+#: to handle ``h`` and ``ADOPT - h`` takes handle ``h``'s count.
+BARRIER = -1
+LAND = -2
+HANDOFF = -3
+ADOPT = -(2**30)
+_MAX_HANDLES = 2**29
+
+_lock = threading.Lock()
+#: handle -> the count it holds between kernels.
+_counts: dict[int, int] = {}
+_handles = itertools.count(1)
+#: The scratch semaphores that adopted a handle: (shared memory, semaphore id).
+_adopted: set[tuple[int, int]] = set()
+
+
+def _new_handles(shape: tuple[int, ...]) -> Any:
+    import numpy as np
+
+    with _lock:
+        out = np.array([next(_handles) % _MAX_HANDLES for _ in range(math.prod(shape))])
+    return out.astype(np.int32).reshape(shape)
+
+
+def _is_semaphore(aval: Any) -> bool:
+    import jax
+    from jax._src.pallas import core as pallas_core
+
+    dtype = getattr(aval, "dtype", None)
+    return dtype is not None and bool(jax.dtypes.issubdtype(dtype, pallas_core.semaphore_dtype))
+
+
+def _not_simulated(what: str, chip: str) -> NotSimulatedError:
+    return NotSimulatedError(
+        f"a kernel taking or returning a semaphore {what} is not simulated",
+        rule="a semaphore passed between kernels is simulated by its count on the one core "
+        "that runs the kernel",
+        chip=chip,
+        fix="give the kernel one grid step on one core, or start and wait for the copy in one "
+        "kernel (pl.run_scoped with pltpu.SemaphoreType.DMA)",
+    )
+
+
+def _steps(grid: Sequence[Any]) -> int | None:
+    """The number of grid steps, None if one is only known when the kernel runs."""
+    if not all(isinstance(g, int) for g in grid):
+        return None
+    return int(math.prod(grid))
+
+
+def _count_aval(aval: Any) -> Any:
+    """The SMEM int32 block a semaphore operand's count travels in."""
+    import jax.numpy as jnp
+    from jax.experimental.pallas import tpu as pltpu
+
+    return pltpu.SMEM(tuple(aval.shape), jnp.int32).get_ref_aval()
+
+
+def _scratch_aval(aval: Any) -> Any:
+    """The scratch semaphore standing in for a semaphore operand, typed as the interpreter types
+    its semaphores (``SEMAPHORE_INTERPRET_DTYPE``), which every semaphore and DMA primitive
+    takes: a DMA semaphore then also takes the hand-off's ``semaphore_signal`` / ``_wait``."""
+    from jax._src.pallas import core as pallas_core
+    from jax.experimental.pallas import tpu as pltpu
+
+    shape = tuple(aval.shape)
+    return pltpu.SEMAPHORE(shape, pallas_core.SEMAPHORE_INTERPRET_DTYPE).get_ref_aval()
+
+
+def _elements(shape: Sequence[int]) -> list[tuple[int, ...]]:
+    return list(itertools.product(*(range(n) for n in shape)))
+
+
+def _at(ref: Any, index: tuple[int, ...]) -> Any:
+    return ref.at[index] if index else ref
+
+
+@dataclasses.dataclass(frozen=True)
+class _Semaphore:
+    """One semaphore of the kernel: its invar as an input and as an output (an aliased pair is
+    one semaphore), and its aval."""
+
+    taken: int | None
+    returned: int | None
+    aval: Any
+
+
+def _body(jaxpr: Any, sems: Sequence[_Semaphore]) -> Callable[..., list[Any]]:
+    """The kernel body around ``jaxpr``, whose semaphore invars are now handle blocks and whose
+    scratch semaphores (one per ``sems`` entry) come last."""
+    import jax
+    import jax.numpy as jnp
+    from jax._src import config
+    from jax._src import core as jax_core
+    from jax.experimental import io_callback
+    from jax.experimental import pallas as pl
+
+    def body(*refs: Any) -> list[Any]:
+        n = len(jaxpr.invars)
+        kernel_refs = list(refs[:n])
+        handles = []
+        for sem, scratch in zip(sems, refs[n:], strict=True):
+            for pos in (sem.taken, sem.returned):
+                if pos is not None:
+                    kernel_refs[pos] = scratch
+            shape = tuple(scratch.shape)
+            if sem.taken is not None:
+                h = refs[sem.taken][...]
+            else:
+                h = io_callback(
+                    functools.partial(_new_handles, shape), jax.ShapeDtypeStruct(shape, jnp.int32)
+                )
+            handles.append(h)
+            for index in _elements(shape):
+                pl.semaphore_wait(_at(scratch, index), ADOPT - h[index])
+
+        # The scratch semaphores stand in for refs typed as the operands were: with
+        # jax_enable_checks on (JAX's tests), eval_jaxpr would refuse the binding.
+        with config.enable_checks(False):
+            jax_core.eval_jaxpr(jaxpr, (), *kernel_refs)
+        out = [
+            (s, r, h)
+            for s, r, h in zip(sems, refs[n:], handles, strict=True)
+            if s.returned is not None
+        ]
+        if not out:
+            return []
+        # A copy between devices signals both ends: every device starts its copies before any
+        # lands them, and lands them before any counts.
+        anchor = _at(out[0][1], (0,) * len(out[0][1].shape))
+        pl.semaphore_wait(anchor, BARRIER)
+        for _, scratch, _ in out:
+            for index in _elements(tuple(scratch.shape)):
+                pl.semaphore_wait(_at(scratch, index), LAND)
+        pl.semaphore_wait(anchor, BARRIER)
+        for sem, scratch, h in out:
+            for index in _elements(tuple(scratch.shape)):
+                pl.semaphore_wait(_at(scratch, index), HANDOFF - h[index])
+            assert sem.returned is not None
+            refs[sem.returned][...] = h
+        return []
+
+    return body
+
+
+def _trace(body: Callable[..., list[Any]], avals: Sequence[Any]) -> Any:
+    from jax._src import api_util
+    from jax._src import linear_util as lu
+    from jax._src.interpreters import partial_eval as pe
+
+    debug = api_util.debug_info("coremesh kernel semaphores", body, avals, {})
+    new_jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(lu.wrap_init(body, debug_info=debug), avals)
+    assert not consts, consts
+    return new_jaxpr
+
+
+def _semaphores(jaxpr: Any, gm: Any, aliases: Sequence[tuple[int, int]]) -> list[_Semaphore]:
+    """The kernel's semaphore operands and results, as invar positions."""
+    first = gm.num_index_operands
+    n_in = gm.num_inputs
+    blocks = jaxpr.invars[first : first + n_in + gm.num_outputs]
+    is_sem = [_is_semaphore(v.aval) for v in blocks]
+    out_of = {k - first: first + n_in + o for k, o in aliases}
+    sems = []
+    paired = set()
+    for i in range(n_in):
+        if is_sem[i]:
+            out = out_of.get(i)
+            paired.add(out)
+            sems.append(_Semaphore(first + i, out, blocks[i].aval))
+    for o in range(gm.num_outputs):
+        pos = first + n_in + o
+        if is_sem[n_in + o] and pos not in paired:
+            sems.append(_Semaphore(None, pos, blocks[n_in + o].aval))
+    return sems
+
+
+def rewrite(args: Sequence[Any], kw: dict[str, Any], chip: str) -> tuple[Any, Any, Any] | None:
+    """``(args, kw, finish)`` for a kernel that takes or returns semaphores, rewritten as the
+    module says (``finish`` turns its outputs back into semaphores); None for any other."""
+    import jax.numpy as jnp
+    from jax import lax
+    from jax._src import core as jax_core
+
+    jaxpr = kw["jaxpr"]
+    gm = kw["grid_mapping"]
+    sems = _semaphores(jaxpr, gm, kw["input_output_aliases"])
+    if not sems:
+        return None
+    steps = _steps(gm.grid)
+    if steps is None:
+        raise _not_simulated("over a grid sized at run time", chip)
+    if steps != 1:
+        raise _not_simulated(f"over {steps} grid steps (or cores)", chip)
+    if jaxpr.constvars:
+        raise _not_simulated("whose body has constants", chip)
+
+    first = gm.num_index_operands
+    counts = {p for s in sems for p in (s.taken, s.returned) if p is not None}
+    block_mappings = list(gm.block_mappings)
+    for pos in counts:
+        aval = jaxpr.invars[pos].aval
+        block_mappings[pos - first] = block_mappings[pos - first].replace(
+            array_aval=jax_core.ShapedArray(tuple(aval.shape), jnp.int32),
+            transformed_block_aval=_count_aval(aval),
+        )
+    scratch = [_scratch_aval(s.aval) for s in sems]
+    new_gm = gm.replace(
+        block_mappings=tuple(block_mappings), scratch_avals=(*gm.scratch_avals, *scratch)
+    )
+    in_avals = [_count_aval(v.aval) if i in counts else v.aval for i, v in enumerate(jaxpr.invars)]
+    new_jaxpr = _trace(_body(jaxpr, sems), [*in_avals, *scratch])
+
+    # args: *dynamic grid sizes, *index operands, *inputs; invars: *index operands, *inputs, ...
+    lead = len(args) - gm.num_inputs - first
+    new_args = list(args)
+    for s in sems:
+        if s.taken is not None:
+            a = lead + s.taken
+            new_args[a] = lax.convert_element_type(args[a], jnp.int32)
+    out_avals = list(kw["out_avals"])
+    first_out = first + gm.num_inputs
+    sem_outs = {p - first_out: out_avals[p - first_out] for p in counts if p >= first_out}
+    for o, aval in sem_outs.items():
+        out_avals[o] = jax_core.ShapedArray(tuple(aval.shape), jnp.int32)
+    new_kw = {**kw, "jaxpr": new_jaxpr, "grid_mapping": new_gm, "out_avals": tuple(out_avals)}
+
+    def finish(outs: Sequence[Any]) -> list[Any]:
+        outs = list(outs)
+        for o, aval in sem_outs.items():
+            outs[o] = lax.convert_element_type(outs[o], aval.dtype)
+        return outs
+
+    return new_args, new_kw, finish
+
+
+def _land(sem: Any, gcid: int) -> None:
+    """Run every copy still in flight on ``sem`` for core ``gcid``, newest first (the order a
+    wait takes them in, ``shared_memory.py`` ``Semaphore.wait``)."""
+    while True:
+        with sem.cv:
+            if not sem.tasks[gcid]:
+                return
+            task = sem.tasks[gcid].pop()
+        task()
+
+
+def _hand_off(sm: Any, device_id: int, local_core_id: int, sem_id: int, value: int) -> bool:
+    """Answer a hand-off wait (see the module); False for any other wait."""
+    if value > BARRIER:
+        return False
+    gcid = sm.get_global_core_id(device_id, local_core_id)
+    key = (id(sm), sem_id)
+    with _lock:
+        if value <= ADOPT:
+            # Kernels run one at a time: marks left by an earlier kernel's memory go.
+            _adopted.difference_update({k for k in _adopted if k[0] != id(sm)})
+            _adopted.add(key)
+            count = _counts.pop(ADOPT - value, 0)
+        elif key not in _adopted:
+            return False  # the kernel's own wait for a negative count: the interpreter's
+    if value <= ADOPT:
+        (sem,), clock = sm.get_semaphores_and_increment_clock([sem_id], gcid)
+        if count:
+            sem.signal(count, gcid, clock)
+    elif value == BARRIER:
+        if sm.num_devices > 1:
+            sm.barrier.wait()
+    else:
+        with sm.lock:
+            sem = sm.sem[sem_id]
+        if value == LAND:
+            _land(sem, gcid)
+        else:
+            with sem.cv:
+                count = int(sem.count_by_core[gcid])
+                sem.count_by_core[gcid] = 0
+            with _lock:
+                _counts[HANDOFF - value] = count
+    return True
+
+
+def targets() -> list[tuple[Any, str, Any]]:
+    """The interpreter's kernel entry (the rewrite), its semaphore wait (the hand-off's landing)
+    and, before jax 0.12, the semaphore dtype's conversion to and from its int32 counts."""
+    from jax._src import core as jax_core
+    from jax._src.pallas import core as pallas_core
+    from jax._src.pallas.mosaic import core as mosaic_core
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    from coremesh.testing.sim.chip import current
+
+    orig_call = ipc.interpret_pallas_call
+    orig_wait = ipc.semaphore_wait
+
+    def interpret_pallas_call(*args: Any, **kw: Any) -> Any:
+        done = rewrite(args, kw, current().name)
+        if done is None:
+            return orig_call(*args, **kw)
+        new_args, new_kw, finish = done
+        return finish(orig_call(*new_args, **new_kw))
+
+    @ipc.fail_on_exception
+    def semaphore_wait(
+        token: Any, device_id: Any, local_core_id: Any, sem_id: Any, value: Any, *a: Any, **k: Any
+    ) -> Any:
+        sm = ipc._get_shared_memory()
+        if _hand_off(sm, int(device_id), int(local_core_id), int(sem_id), int(value)):
+            return token
+        return orig_wait(token, device_id, local_core_id, sem_id, value, *a, **k)
+
+    remove = ipc.remove_memory_space_p
+    orig_eval = remove.abstract_eval
+
+    def remove_memory_space(x: Any, **kw: Any) -> Any:
+        # A semaphore operand's handles keep its memory space (a ref made with
+        # memory_space=pltpu.SEMAPHORE), which the interpreter refuses to strip
+        # (interpret_pallas_call.py _remove_memory_space_abstract_eval).
+        if (
+            isinstance(x, jax_core.ShapedArray)
+            and x.memory_space is mosaic_core.MemorySpace.SEMAPHORE
+        ):
+            return jax_core.ShapedArray(x.shape, x.dtype), jax_core.no_effects
+        return orig_eval(x, **kw)
+
+    out: list[tuple[Any, str, Any]] = [
+        (ipc, "interpret_pallas_call", interpret_pallas_call),
+        (ipc, "semaphore_wait", semaphore_wait),
+        (remove, "abstract_eval", remove_memory_space),
+    ]
+    rules = pallas_core.AbstractSemaphoreTyRules
+    if not getattr(rules, "allow_conversion", False):
+        out.append((rules, "allow_conversion", True))
+    return out

@@ -1,0 +1,177 @@
+"""Patch ``kernel_semaphores`` on every supported jax line: a copy started in one kernel and waited
+for in the next (semaphores as kernel results and operands), on one device and between devices,
+in both DMA modes, against numpy; stock interpret mode's failure; what stays refused."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from coremesh.core.errors import UnsupportedOnChipError
+from coremesh.testing.sim import NotSimulatedError, UnfinishedKernelError, simulate
+
+pytestmark = pytest.mark.sim
+
+X = np.arange(2 * 8 * 128, dtype=np.float32).reshape(2, 8, 128)
+ANY = pl.BlockSpec(memory_space=pl.ANY)
+SEM = pl.BlockSpec(memory_space=pltpu.SEMAPHORE)
+
+
+def copy_start(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Start copying each half of ``x`` into the result, one semaphore each, and return them."""
+
+    def kernel(x_hbm: Any, o_hbm: Any, sems: Any) -> None:
+        for k in range(2):
+            pltpu.make_async_copy(x_hbm.at[k], o_hbm.at[k], sems.at[k]).start()
+
+    return pl.pallas_call(  # type: ignore[no-any-return]
+        kernel,
+        in_specs=[ANY],
+        out_specs=(ANY, SEM),
+        out_shape=(jax.ShapeDtypeStruct.like(x), pltpu.SemaphoreType.DMA((2,))),
+    )(x)
+
+
+def copy_done(x: jax.Array, out: jax.Array, sems: jax.Array, *, wait: bool = True) -> jax.Array:
+    """Wait for the copies ``copy_start`` began; ``out`` is the result they land in."""
+
+    def kernel(x_hbm: Any, o_in: Any, sems: Any, o_hbm: Any) -> None:
+        del o_in
+        if wait:
+            for k in range(2):
+                pltpu.make_async_copy(x_hbm.at[k], o_hbm.at[k], sems.at[k]).wait()
+
+    return pl.pallas_call(
+        kernel,
+        in_specs=[ANY, ANY, SEM],
+        out_specs=ANY,
+        out_shape=jax.ShapeDtypeStruct.like(x),
+        input_output_aliases={1: 0},
+    )(x, out, sems)
+
+
+@jax.jit
+def two_kernels(x: jax.Array) -> jax.Array:
+    out, sems = copy_start(x)
+    y = x * 2  # the caller works while the copies run
+    return copy_done(x, out, sems) + y
+
+
+@pytest.mark.parametrize("dma", ["on_wait", "eager"])
+def test_a_copy_started_in_one_kernel_is_waited_for_in_the_next(dma: Any) -> None:
+    with simulate("v5e", 1, dma_execution_mode=dma) as sim:
+        got = sim.run(two_kernels, X)
+    np.testing.assert_array_equal(np.asarray(got), X * 3)
+
+
+def test_stock_interpret_mode_cannot_run_a_semaphore_result() -> None:
+    # Outside the simulator, as a user of stock interpret mode runs it (every supported line).
+    with pltpu.force_tpu_interpret_mode(), pytest.raises(Exception, match="dma_sem") as err:
+        jax.block_until_ready(two_kernels(jnp.asarray(X)))
+    assert not isinstance(err.value, UnsupportedOnChipError)
+
+
+def test_without_the_patch_the_simulator_refuses_it() -> None:
+    with (
+        simulate("v5e", 1, disable_patches=["kernel_semaphores"]),
+        pytest.raises(UnsupportedOnChipError, match="semaphores"),
+    ):
+        two_kernels(jnp.asarray(X))
+
+
+def test_a_semaphore_taken_and_not_waited_for_ends_the_kernel_in_error() -> None:
+    @jax.jit
+    def forgets(x: jax.Array) -> jax.Array:
+        out, sems = copy_start(x)
+        return copy_done(x, out, sems, wait=False)
+
+    with (
+        simulate("v5e", 1) as sim,
+        pytest.raises(UnfinishedKernelError, match="ends at count"),
+    ):
+        sim.run(forgets, X)
+
+
+def test_a_semaphore_operand_over_several_grid_steps_is_refused() -> None:
+    def kernel(x_hbm: Any, sems: Any, o_ref: Any) -> None:
+        o_ref[...] = jnp.zeros_like(o_ref)
+
+    @jax.jit
+    def f(x: jax.Array) -> jax.Array:
+        out, sems = copy_start(x)
+        done = copy_done(x, out, sems)
+        return pl.pallas_call(
+            kernel,
+            grid=(2,),
+            in_specs=[ANY, SEM],
+            out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+            out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32),
+        )(done, sems)
+
+    with simulate("v5e", 1), pytest.raises(NotSimulatedError, match="over 2 grid steps"):
+        f(jnp.asarray(X))
+
+
+def remote_start(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Each device starts copying its block to the next device (a ring), keeping both ends'
+    semaphores for a later kernel."""
+
+    def kernel(x_hbm: Any, o_hbm: Any, send: Any, recv: Any) -> None:
+        me = jax.lax.axis_index("device")
+        right = jax.lax.rem(me + 1, jax.lax.axis_size("device"))
+        pltpu.make_async_remote_copy(
+            x_hbm, o_hbm, send, recv, device_id=(right,), device_id_type=pl.DeviceIdType.MESH
+        ).start()
+
+    return pl.pallas_call(  # type: ignore[no-any-return]
+        kernel,
+        in_specs=[ANY],
+        out_specs=(ANY, SEM, SEM),
+        out_shape=(
+            jax.ShapeDtypeStruct.like(x),
+            pltpu.SemaphoreType.DMA(()),
+            pltpu.SemaphoreType.DMA(()),
+        ),
+    )(x)
+
+
+def remote_done(x: jax.Array, out: jax.Array, send: jax.Array, recv: jax.Array) -> jax.Array:
+    def kernel(x_hbm: Any, o_in: Any, send: Any, recv: Any, o_hbm: Any) -> None:
+        del o_in
+        copy = pltpu.make_async_remote_copy(
+            x_hbm, o_hbm, send, recv, device_id=(0,), device_id_type=pl.DeviceIdType.MESH
+        )
+        copy.wait_send()
+        copy.wait_recv()
+
+    return pl.pallas_call(
+        kernel,
+        in_specs=[ANY, ANY, SEM, SEM],
+        out_specs=ANY,
+        out_shape=jax.ShapeDtypeStruct.like(x),
+        input_output_aliases={1: 0},
+    )(x, out, send, recv)
+
+
+@pytest.mark.parametrize("dma", ["on_wait", "eager"])
+def test_a_copy_between_devices_is_waited_for_in_the_next_kernel(dma: Any) -> None:
+    x = np.arange(4 * 8 * 128, dtype=np.float32).reshape(4 * 8, 128)
+    with simulate("v5e", 4, dma_execution_mode=dma) as sim:
+        mesh = sim.mesh()
+        spec = jax.P("device", None)
+
+        @jax.jit
+        @partial(jax.shard_map, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+        def ring(block: jax.Array) -> jax.Array:
+            out, send, recv = remote_start(block)
+            return remote_done(block, out, send, recv)
+
+        got = sim.run(ring, jax.device_put(x, jax.NamedSharding(mesh, spec)))
+    np.testing.assert_array_equal(np.asarray(got), np.roll(x, 8, axis=0))
