@@ -502,8 +502,11 @@ def test_store_compressed_to_hbm_is_refused_as_mosaic_refuses_it() -> None:
             sim.run(f)
 
 
-def run_vector(body: Callable[..., Any], *inputs: Any, out: Any) -> Any:
-    """``body(*input values)`` on one vector subcore; its results (shapes of ``out``) back."""
+def run_vector(
+    body: Callable[..., Any], *inputs: Any, out: Any, layout_passes: bool = False
+) -> Any:
+    """``body(*input values)`` on one vector subcore; its results (shapes of ``out``) back.
+    ``plsc.pack`` needs ``needs_layout_passes=False`` (from jax 0.11: Mosaic refuses it else)."""
     with simulate(chip="v5p", devices=1) as sim:
         outs = jax.tree.leaves(out)
         n_in = len(inputs)
@@ -522,7 +525,15 @@ def run_vector(body: Callable[..., Any], *inputs: Any, out: Any) -> Any:
             core_axis_name="core", subcore_axis_name="subcore", num_cores=1, num_subcores=1
         )
         scratch = [pltpu.VMEM(a.shape, a.dtype) for a in (*inputs, *outs)]
-        f = jax.jit(pl.kernel(kernel, out_type=tuple(outs), mesh=mesh, scratch_types=scratch))
+        f = jax.jit(
+            pl.kernel(
+                kernel,
+                out_type=tuple(outs),
+                mesh=mesh,
+                scratch_types=scratch,
+                compiler_params=pltpu.CompilerParams(needs_layout_passes=layout_passes),
+            )
+        )
         return [np.asarray(o) for o in sim.run(f, *inputs)]
 
 
@@ -635,3 +646,86 @@ def test_scan_count_cases_the_docs_leave_open_raise(values: str, masked: bool, m
 
     with pytest.raises(NotSimulatedError, match=match):
         run_on_subcores("v5p", body)
+
+
+@pytest.mark.parametrize(
+    ("case", "match"),
+    [
+        ("scalar load", "To load a scalar from VMEM"),
+        ("scalar store", "Trying to swap a scalar in VMEM"),
+        ("column store", "Integer indexing of refs that follows a non-trivial slice"),
+        ("strided load", "only supports slices with stride 1"),
+    ],
+)
+def test_loads_and_stores_mosaic_refuses_on_a_vector_subcore_are_refused(
+    case: str, match: str
+) -> None:
+    """sc_lowering.py refuses these in a vector subcore kernel; the interpreter would run them."""
+    with simulate(chip="v5p", devices=1) as sim:
+
+        def kernel(x_hbm: Any, o_hbm: Any, v: Any, grid: Any) -> None:
+            pltpu.sync_copy(x_hbm, v)
+            if case == "scalar load":
+                v[...] = jnp.full((8,), v[3])
+            elif case == "scalar store":
+                v[3] = 1
+            elif case == "column store":
+                grid[:, 1] = v[...]
+            else:
+                v[pl.ds(0, 4)] = v[pl.ds(0, 4, stride=2)]
+            pltpu.sync_copy(v, o_hbm)
+
+        mesh = plsc.VectorSubcoreMesh(
+            core_axis_name="core", subcore_axis_name="subcore", num_cores=1, num_subcores=1
+        )
+        x = jnp.arange(8, dtype=jnp.int32)
+        scratch = [pltpu.VMEM((8,), jnp.int32), pltpu.VMEM((8, 4), jnp.int32)]
+        f = jax.jit(pl.kernel(kernel, out_type=x, mesh=mesh, scratch_types=scratch))
+        with pytest.raises(cc.UnsupportedOnChipError, match=match) as info:
+            sim.run(f, x)
+        assert info.value.chip == "v5p"
+
+
+def test_row_stores_and_vector_loads_on_a_vector_subcore_run() -> None:
+    """What Mosaic takes: whole vectors at a dynamic offset, a row of a 2-D buffer, scalars in
+    SMEM."""
+    with simulate(chip="v5p", devices=1) as sim:
+
+        def kernel(x_hbm: Any, o_hbm: Any, v: Any, grid: Any, s: Any) -> None:
+            pltpu.sync_copy(x_hbm, v.at[pl.ds(0, 8)])
+            s[0] = 5
+            grid[1, :] = v[pl.ds(s[0] - 5, 8)] * 2
+            pltpu.sync_copy(grid.at[1], o_hbm)
+
+        mesh = plsc.VectorSubcoreMesh(
+            core_axis_name="core", subcore_axis_name="subcore", num_cores=1, num_subcores=1
+        )
+        x = jnp.arange(8, dtype=jnp.int32)
+        scratch = [
+            pltpu.VMEM((16,), jnp.int32),
+            pltpu.VMEM((4, 8), jnp.int32),
+            pltpu.SMEM((1,), jnp.int32),
+        ]
+        f = jax.jit(pl.kernel(kernel, out_type=x, mesh=mesh, scratch_types=scratch))
+        np.testing.assert_array_equal(np.asarray(sim.run(f, x)), np.arange(8) * 2)
+
+
+def test_pack_with_the_layout_passes_is_refused_where_mosaic_refuses_it() -> None:
+    from jax._src.pallas.mosaic import sc_primitives
+
+    def body(x: Any) -> Any:
+        return plsc.unpack(
+            plsc.pack(x, x, format=plsc.PackFormat.INTERLEAVED), format=plsc.PackFormat.INTERLEAVED
+        )
+
+    x = jnp.arange(8, dtype=jnp.float32)
+    spec = jax.ShapeDtypeStruct((8,), jnp.float32)
+    import inspect
+
+    if "needs_layout_passes" in inspect.getsource(sc_primitives._pack_lowering_rule):
+        # jax >= 0.11: "plsc.pack is not supported with needs_layout_passes=True"
+        with pytest.raises(cc.UnsupportedOnChipError, match="needs_layout_passes=True"):
+            run_vector(body, x, out=(spec, spec), layout_passes=True)
+    else:  # jax 0.10.2's lowering takes it
+        got = run_vector(body, x, out=(spec, spec), layout_passes=True)
+        np.testing.assert_array_equal(got[0], np.arange(8))

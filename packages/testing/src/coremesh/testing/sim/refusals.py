@@ -110,6 +110,12 @@ def check_kernel(
         ) from None
     if not sparsecore:
         check_integer_ops(inner, label, chip.name)
+    elif type(mesh).__name__ == "VectorSubcoreMesh":
+        from coremesh.testing.sim.sc_accesses import check_vector_subcore_kernel
+
+        check_vector_subcore_kernel(
+            inner, label=label, chip=chip.name, compiler_params=compiler_params
+        )
     if getattr(compiler_params, "collective_id", None) is None:
         for eqn in _barrier_uses(inner):
             where = user_location(eqn.source_info)
