@@ -32,6 +32,15 @@ def trace_rule(rule: Rule, eqn: Any) -> tuple[Any, list[Any]]:
     return jaxpr, list(consts)
 
 
+def trace_body(body: Callable[..., list[Any]], avals: Sequence[Any]) -> Any:
+    """A kernel body written in Python (``body(*refs)``, no results) as the open jaxpr a
+    ``pallas_call`` takes, on refs of ``avals``."""
+    debug = api_util.debug_info("coremesh simulator", body, avals, {})
+    jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(lu.wrap_init(body, debug_info=debug), avals)
+    assert not consts, consts
+    return jaxpr
+
+
 def inline(jaxpr: Any, rule_of: Callable[[Any], Rule | None]) -> tuple[Any, list[Any]]:
     """``jaxpr`` with each equation that ``rule_of`` gives a rule for replaced by the rule's
     trace; the new jaxpr takes ``(*old_constvars, *extra_consts, *invars)``."""

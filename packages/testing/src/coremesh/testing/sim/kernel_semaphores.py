@@ -36,6 +36,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from coremesh.testing.sim import inline
 from coremesh.testing.sim.errors import NotSimulatedError
 
 #: Wait values at and below ``BARRIER`` are the hand-off's: ``BARRIER`` waits for every device to
@@ -184,17 +185,6 @@ def _body(jaxpr: Any, sems: Sequence[_Semaphore]) -> Callable[..., list[Any]]:
     return body
 
 
-def _trace(body: Callable[..., list[Any]], avals: Sequence[Any]) -> Any:
-    from jax._src import api_util
-    from jax._src import linear_util as lu
-    from jax._src.interpreters import partial_eval as pe
-
-    debug = api_util.debug_info("coremesh kernel semaphores", body, avals, {})
-    new_jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(lu.wrap_init(body, debug_info=debug), avals)
-    assert not consts, consts
-    return new_jaxpr
-
-
 def _semaphores(jaxpr: Any, gm: Any, aliases: Sequence[tuple[int, int]]) -> list[_Semaphore]:
     """The kernel's semaphore operands and results, as invar positions."""
     first = gm.num_index_operands
@@ -250,7 +240,7 @@ def rewrite(args: Sequence[Any], kw: dict[str, Any], chip: str) -> tuple[Any, An
         block_mappings=tuple(block_mappings), scratch_avals=(*gm.scratch_avals, *scratch)
     )
     in_avals = [_count_aval(v.aval) if i in counts else v.aval for i, v in enumerate(jaxpr.invars)]
-    new_jaxpr = _trace(_body(jaxpr, sems), [*in_avals, *scratch])
+    new_jaxpr = inline.trace_body(_body(jaxpr, sems), [*in_avals, *scratch])
 
     # args: *dynamic grid sizes, *index operands, *inputs; invars: *index operands, *inputs, ...
     lead = len(args) - gm.num_inputs - first

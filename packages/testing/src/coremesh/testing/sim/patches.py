@@ -944,6 +944,12 @@ def _dma_clocks_targets() -> list[tuple[Any, str, Any]]:
     return dma_clocks.targets()
 
 
+def _resident_aliases_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import resident_aliases
+
+    return resident_aliases.targets()
+
+
 def _kernel_semaphores_targets() -> list[tuple[Any, str, Any]]:
     from coremesh.testing.sim import kernel_semaphores
 
@@ -1114,6 +1120,13 @@ PATCHES: tuple[Patch, ...] = (
         "semaphore without a collective id, and a kernel that ends with a semaphore above zero "
         "or a DMA never waited (it only prints, interpret_pallas_call.py:310)",
         _refusal_targets,
+    ),
+    Patch(
+        "resident_aliases",
+        "a kernel result whose out_shape is pltpu.VMEM/SMEM(...), aliased to an operand, gets a "
+        "buffer of its own (the chip: the operand's), so what the kernel leaves in the operand "
+        "never reaches the result: it is the fill (interpret_pallas_call.py, output blocks)",
+        _resident_aliases_targets,
     ),
     Patch(
         "kernel_semaphores",

@@ -1,0 +1,81 @@
+"""An array that lives in VMEM or SMEM, passed to a kernel and aliased to its result: one buffer.
+
+A kernel result whose ``out_shape`` is ``pltpu.VMEM(...)`` / ``pltpu.SMEM(...)`` is an array that
+stays in that memory between kernels (JAX's ``test_basic_async_copy_into_vmem``: a copy into
+it started in one kernel, waited for in the next). Passed to a later kernel with
+``input_output_aliases``, the operand and the result are the one buffer on the chip. Pallas'
+interpreter gives the result a kernel buffer of its own, which a kernel that writes only
+through the operand (or not at all) leaves unwritten: the result is the fill (NaN).
+
+Simulated so: in a kernel of one grid step, the result's ref is the operand's, and the
+operand's final content is copied to the result when the kernel ends.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+def _resident(aval: Any) -> bool:
+    from jax._src.pallas.mosaic import core as mosaic_core
+
+    space = getattr(aval, "memory_space", None)
+    return space in (mosaic_core.MemorySpace.VMEM, mosaic_core.MemorySpace.SMEM)
+
+
+def _pairs(kw: dict[str, Any]) -> list[tuple[int, int]]:
+    """(operand invar, result invar) of each aliased result that lives in VMEM or SMEM."""
+    gm = kw["grid_mapping"]
+    first = gm.num_index_operands
+    out = []
+    for k, o in kw["input_output_aliases"]:
+        if _resident(kw["out_avals"][o]) and k >= first:
+            out.append((k, first + gm.num_inputs + o))
+    return out
+
+
+def _body(jaxpr: Any, pairs: Sequence[tuple[int, int]]) -> Callable[..., list[Any]]:
+    from jax._src import config
+    from jax._src import core as jax_core
+
+    def body(*refs: Any) -> list[Any]:
+        kernel_refs = list(refs)
+        for operand, result in pairs:
+            kernel_refs[result] = refs[operand]
+        with config.enable_checks(False):  # the same aval, another var: eval_jaxpr's own check
+            jax_core.eval_jaxpr(jaxpr, (), *kernel_refs)
+        for operand, result in pairs:
+            refs[result][...] = refs[operand][...]
+        return []
+
+    return body
+
+
+def rewrite(kw: dict[str, Any]) -> dict[str, Any] | None:
+    """``kw`` with the kernel rewritten as the module says, or None if nothing is to change."""
+    from coremesh.testing.sim import inline
+
+    pairs = _pairs(kw)
+    gm = kw["grid_mapping"]
+    grid = gm.grid
+    if not pairs or kw["jaxpr"].constvars:
+        return None
+    if not all(isinstance(g, int) for g in grid) or math.prod(grid) != 1:
+        return None
+    jaxpr = kw["jaxpr"]
+    avals = [v.aval for v in jaxpr.invars]
+    return {**kw, "jaxpr": inline.trace_body(_body(jaxpr, pairs), avals)}
+
+
+def targets() -> list[tuple[Any, str, Any]]:
+    """The interpreter's kernel entry."""
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    orig_call = ipc.interpret_pallas_call
+
+    def interpret_pallas_call(*args: Any, **kw: Any) -> Any:
+        return orig_call(*args, **(rewrite(kw) or kw))
+
+    return [(ipc, "interpret_pallas_call", interpret_pallas_call)]
