@@ -20,8 +20,6 @@ jax's lowering refuses them (from jax 0.11).
 
 from __future__ import annotations
 
-import functools
-import inspect
 from typing import Any
 
 import jax
@@ -29,6 +27,7 @@ from jax._src.state import indexing
 from jax._src.state import primitives as state_primitives
 from jax._src.state import types as state_types
 
+from coremesh.core import jax_versions
 from coremesh.core.errors import UnsupportedOnChipError
 from coremesh.testing.sim.jaxprs import all_eqns
 
@@ -69,12 +68,13 @@ _FIX = (
 )
 
 
-@functools.cache
-def _pack_refused() -> bool:
-    """Whether the installed jax's ``plsc.pack`` lowering refuses the layout passes."""
-    from jax._src.pallas.mosaic import sc_primitives as scp
+#: The first jax whose ``plsc.pack`` / ``unpack`` lowering refuses Mosaic's layout passes
+#: (sc_primitives.py ``_pack_lowering_rule``: 0.11.2 and 0.12.0.1 do, 0.10.2 does not).
+PACK_LAYOUT_PASSES_REFUSED_SINCE = "0.11.0"
 
-    return "needs_layout_passes" in inspect.getsource(scp._pack_lowering_rule)
+
+def _pack_refused() -> bool:
+    return jax_versions.at_least(PACK_LAYOUT_PASSES_REFUSED_SINCE)
 
 
 def _access_refusal(eqn: Any) -> str | None:
