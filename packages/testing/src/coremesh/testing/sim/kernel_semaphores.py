@@ -359,7 +359,10 @@ def targets() -> list[tuple[Any, str, Any]]:
         (ipc, "semaphore_wait", semaphore_wait),
         (remove, "abstract_eval", remove_memory_space),
     ]
-    rules = pallas_core.AbstractSemaphoreTyRules
+    rules = pallas_core.AbstractSemaphoreTyRules  # jax's own, whatever _rules holds now
     if not getattr(rules, "allow_conversion", False):
-        out.append((rules, "allow_conversion", True))
+        # Before jax 0.12 a semaphore array cannot be converted to its int32 representation
+        # (lax.convert_element_type reads the dtype rules' allow_conversion, which it lacks).
+        convertible = type("ConvertibleSemaphoreTyRules", (rules,), {"allow_conversion": True})
+        out.append((pallas_core.AbstractSemaphoreTy, "_rules", convertible))
     return out
