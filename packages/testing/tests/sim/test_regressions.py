@@ -143,6 +143,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "value_ops",  # test_value_ops.py
         "kernel_semaphores",  # test_kernel_semaphores.py
         "resident_aliases",  # test_resident_aliases.py
+        "hardware_prng",  # test_hardware_prng.py
     }
     assert covered == set(PATCH_NAMES)
 

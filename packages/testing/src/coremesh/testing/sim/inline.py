@@ -33,8 +33,8 @@ def trace_rule(rule: Rule, eqn: Any) -> tuple[Any, list[Any]]:
 
 
 def trace_body(body: Callable[..., list[Any]], avals: Sequence[Any]) -> Any:
-    """A kernel body written in Python (``body(*refs)``, no results) as the open jaxpr a
-    ``pallas_call`` takes, on refs of ``avals``."""
+    """``body`` (a kernel body written in Python, or a jaxpr level re-evaluated) as an open
+    jaxpr on arguments of ``avals``; it may not close over arrays."""
     debug = api_util.debug_info("coremesh simulator", body, avals, {})
     jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(lu.wrap_init(body, debug_info=debug), avals)
     assert not consts, consts

@@ -950,6 +950,12 @@ def _resident_aliases_targets() -> list[tuple[Any, str, Any]]:
     return resident_aliases.targets()
 
 
+def _hardware_prng_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import hardware_prng
+
+    return hardware_prng.targets()
+
+
 def _kernel_semaphores_targets() -> list[tuple[Any, str, Any]]:
     from coremesh.testing.sim import kernel_semaphores
 
@@ -1120,6 +1126,13 @@ PATCHES: tuple[Patch, ...] = (
         "semaphore without a collective id, and a kernel that ends with a semaphore above zero "
         "or a DMA never waited (it only prints, interpret_pallas_call.py:310)",
         _refusal_targets,
+    ),
+    Patch(
+        "hardware_prng",
+        "pltpu.prng_seed is ignored and every pltpu.prng_random_bits is zeros "
+        "(interpret_pallas_call.py: 'TODO(jburnim): Implement this properly?'), so dropout "
+        "masks and pltpu.stateful_uniform samples are constant, in silence",
+        _hardware_prng_targets,
     ),
     Patch(
         "resident_aliases",
