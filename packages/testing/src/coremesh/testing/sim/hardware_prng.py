@@ -94,16 +94,16 @@ def _callback(eqn: Any) -> Any:
 
 def rewrite(jaxpr: Any) -> Any:
     """``jaxpr`` (this level; the interpreter rewrites nested ones as it reaches them) taking
-    ``(token, device, core, *constvars, *invars)``, its PRNG equations host callbacks on that
-    core's generator, run in the level's order: each takes the token the one before returned,
-    the first the interpreter's token as the level starts (unordered callbacks, as the
-    interpreter's own; an ordered one has no token in a core's program). The other equations
-    stay as they are (the interpreter answers ``axis_index`` and the like itself)."""
+    ``(token, device, core, *constvars)`` as constants and its ``invars``, its PRNG equations
+    host callbacks on that core's generator, run in the level's order: each takes the token
+    the one before returned, the first the interpreter's token as the level starts (unordered
+    callbacks, as the interpreter's own; an ordered one has no token in a core's program). The
+    other equations stay as they are (the interpreter answers ``axis_index`` and the like)."""
     import jax.numpy as jnp
     from jax._src import core as jax_core
     from jax._src.pallas.mosaic import primitives as mosaic_primitives
 
-    from coremesh.testing.sim import inline
+    from coremesh.testing.sim import compat, inline
 
     scalar = jax_core.ShapedArray((), jnp.int32)
     lead = [jax_core.Var(scalar) for _ in range(3)]
@@ -134,9 +134,10 @@ def rewrite(jaxpr: Any) -> Any:
         )
         subst.update(zip(eqn.outvars, outs, strict=True))
     effects = jax_core.join_effects(jaxpr.effects, *(e.effects for e in eqns))
-    return jax_core.Jaxpr(
-        [],
-        [*lead, *jaxpr.constvars, *jaxpr.invars],
+    # The three lead as constants: a jaxpr's debug info names its invars, not its constvars.
+    return compat.open_jaxpr(
+        [*lead, *jaxpr.constvars],
+        list(jaxpr.invars),
         [sub(v) for v in jaxpr.outvars],
         eqns,
         effects,
