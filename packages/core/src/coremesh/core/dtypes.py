@@ -6,6 +6,7 @@ so an unsupported dtype must be refused here, not discovered by a hang.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -44,9 +45,16 @@ def dtype_name(dtype: Any) -> str:
 
 
 def itemsize(dtype: Any) -> int:
+    """Bytes per element; an extended dtype's (a PRNG key, a semaphore) are those of the
+    array jax stores it as (a threefry key: two uint32)."""
     name = dtype_name(dtype)
     if name in ("int4", "uint4"):
         return 1
+    if is_extended(dtype):
+        from jax._src import core as jax_core
+
+        physical = jax_core.physical_element_aval(dtype)
+        return math.prod(physical.shape) * itemsize(physical.dtype)
     try:
         return int(np.dtype(dtype).itemsize)
     except TypeError:
