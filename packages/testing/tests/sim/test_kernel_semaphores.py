@@ -14,6 +14,7 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from coremesh.core import jax_compat
 from coremesh.core.errors import UnsupportedOnChipError
 from coremesh.testing.sim import NotSimulatedError, UnfinishedKernelError, simulate
 
@@ -175,3 +176,30 @@ def test_a_copy_between_devices_is_waited_for_in_the_next_kernel(dma: Any) -> No
 
         got = sim.run(ring, jax.device_put(x, jax.NamedSharding(mesh, spec)))
     np.testing.assert_array_equal(np.asarray(got), np.roll(x, 8, axis=0))
+
+
+def test_a_mesh_kernel_returning_a_semaphore_may_ask_its_core_index() -> None:
+    def start(x_hbm: Any, o_hbm: Any, sem: Any) -> None:
+        core = jax.lax.axis_index("core")  # the kernel is traced again around the hand-off
+        pltpu.make_async_copy(x_hbm.at[core], o_hbm.at[core], sem).start()
+
+    def done(x_hbm: Any, o_in: Any, sem: Any, o_hbm: Any) -> None:
+        del o_in
+        pltpu.make_async_copy(x_hbm.at[0], o_hbm.at[0], sem).wait()
+
+    @jax.jit
+    def f(x: jax.Array) -> jax.Array:
+        mesh = jax_compat.tensorcore_mesh("core", num_cores=1)
+        out_type = (jax.ShapeDtypeStruct.like(x), pltpu.SemaphoreType.DMA(()))
+        out, sem = pl.kernel(start, out_type=out_type, mesh=mesh)(x)
+        return pl.pallas_call(
+            done,
+            in_specs=[ANY, ANY, SEM],
+            out_specs=ANY,
+            out_shape=jax.ShapeDtypeStruct.like(x),
+            input_output_aliases={1: 0},
+        )(x, out, sem)
+
+    with simulate("v5e", 1) as sim:
+        got = np.asarray(sim.run(f, X))
+    np.testing.assert_array_equal(got[0], X[0])

@@ -240,7 +240,8 @@ def rewrite(args: Sequence[Any], kw: dict[str, Any], chip: str) -> tuple[Any, An
         block_mappings=tuple(block_mappings), scratch_avals=(*gm.scratch_avals, *scratch)
     )
     in_avals = [_count_aval(v.aval) if i in counts else v.aval for i, v in enumerate(jaxpr.invars)]
-    new_jaxpr = inline.trace_body(_body(jaxpr, sems), [*in_avals, *scratch])
+    with gm.trace_env():  # the kernel's grid and mesh axes, as when it was first traced
+        new_jaxpr = inline.trace_body(_body(jaxpr, sems), [*in_avals, *scratch])
 
     # args: *dynamic grid sizes, *index operands, *inputs; invars: *index operands, *inputs, ...
     lead = len(args) - gm.num_inputs - first

@@ -66,7 +66,9 @@ def rewrite(kw: dict[str, Any]) -> dict[str, Any] | None:
         return None
     jaxpr = kw["jaxpr"]
     avals = [v.aval for v in jaxpr.invars]
-    return {**kw, "jaxpr": inline.trace_body(_body(jaxpr, pairs), avals)}
+    with gm.trace_env():  # the kernel's grid and mesh axes, as when it was first traced
+        new_jaxpr = inline.trace_body(_body(jaxpr, pairs), avals)
+    return {**kw, "jaxpr": new_jaxpr}
 
 
 def targets() -> list[tuple[Any, str, Any]]:
