@@ -95,6 +95,24 @@ def test_miscounted_signals_deadlock_on_every_device() -> None:
         assert info.value.core == 0
 
 
+def waits_but_device_0(x_hbm: Any, o_hbm: Any, sem: Any) -> None:
+    @pl.when(jax.lax.axis_index("device") != 0)
+    def _() -> None:
+        pl.semaphore_wait(sem, 1)
+
+
+def test_a_deadlock_beside_a_device_that_finished_is_reported_not_hung() -> None:
+    # Device 0 ends its kernel; devices 1-3 deadlock. Each failing device must reach the
+    # interpreter's clean-up barrier exactly once: a failure reported twice by stacked wrappers
+    # of one callback (fixed in patch kernel_semaphores' wait) left this waiting forever.
+    with simulate(chip="v5e", devices=4, deadline=DEADLINE) as sim:
+        mesh = sim.mesh()
+        with pytest.raises(SimulationDeadlock) as info:
+            build(mesh, waits_but_device_0)(zeros(mesh))
+        assert info.value.device != 0
+        assert len(info.value.blocked) == 2
+
+
 def deadlock_in_a_context() -> None:
     with simulate(chip="v5p", devices=2, deadline=DEADLINE) as sim:
         mesh = sim.mesh()

@@ -52,8 +52,8 @@ _lock = threading.Lock()
 #: handle -> the count it holds between kernels.
 _counts: dict[int, int] = {}
 _handles = itertools.count(1)
-#: The scratch semaphores that adopted a handle: (shared memory, semaphore id).
-_adopted: set[tuple[int, int]] = set()
+#: The scratch semaphores that adopted a handle: (shared memory, global core, semaphore id).
+_adopted: set[tuple[int, int, int]] = set()
 
 
 def _new_handles(shape: tuple[int, ...]) -> Any:
@@ -277,21 +277,27 @@ def _land(sem: Any, gcid: int) -> None:
         task()
 
 
-def _hand_off(sm: Any, device_id: int, local_core_id: int, sem_id: int, value: int) -> bool:
-    """Answer a hand-off wait (see the module); False for any other wait."""
+def _ours(sm: Any, device_id: int, local_core_id: int, sem_id: int, value: int) -> bool:
+    """Is this wait one of the hand-off's (see the module), not the kernel's own?"""
     if value > BARRIER:
         return False
+    if value <= ADOPT:
+        return True
     gcid = sm.get_global_core_id(device_id, local_core_id)
-    key = (id(sm), sem_id)
     with _lock:
-        if value <= ADOPT:
+        return (id(sm), gcid, sem_id) in _adopted
+
+
+def _hand_off(sm: Any, device_id: int, local_core_id: int, sem_id: int, value: int) -> None:
+    """Answer a hand-off wait (see the module)."""
+    gcid = sm.get_global_core_id(device_id, local_core_id)
+    key = (id(sm), gcid, sem_id)  # semaphore ids are the same on every core
+    if value <= ADOPT:
+        with _lock:
             # Kernels run one at a time: marks left by an earlier kernel's memory go.
             _adopted.difference_update({k for k in _adopted if k[0] != id(sm)})
             _adopted.add(key)
             count = _counts.pop(ADOPT - value, 0)
-        elif key not in _adopted:
-            return False  # the kernel's own wait for a negative count: the interpreter's
-    if value <= ADOPT:
         (sem,), clock = sm.get_semaphores_and_increment_clock([sem_id], gcid)
         if count:
             sem.signal(count, gcid, clock)
@@ -309,7 +315,7 @@ def _hand_off(sm: Any, device_id: int, local_core_id: int, sem_id: int, value: i
                 sem.count_by_core[gcid] = 0
             with _lock:
                 _counts[HANDOFF - value] = count
-    return True
+                _adopted.discard(key)
 
 
 def targets() -> list[tuple[Any, str, Any]]:
@@ -333,13 +339,22 @@ def targets() -> list[tuple[Any, str, Any]]:
         return finish(orig_call(*new_args, **new_kw))
 
     @ipc.fail_on_exception
+    def hand_off(token: Any, device_id: Any, local_core_id: Any, sem_id: Any, value: Any) -> Any:
+        sm = ipc._get_shared_memory()
+        _hand_off(sm, int(device_id), int(local_core_id), int(sem_id), int(value))
+        return token
+
     def semaphore_wait(
         token: Any, device_id: Any, local_core_id: Any, sem_id: Any, value: Any, *a: Any, **k: Any
     ) -> Any:
-        sm = ipc._get_shared_memory()
-        if _hand_off(sm, int(device_id), int(local_core_id), int(sem_id), int(value)):
-            return token
+        # Not wrapped in fail_on_exception itself: the wait it hands on already is, and a
+        # failure reported twice makes its device wait twice at the interpreter's clean-up
+        # barrier, which then never opens (a hang on the next fault).
+        if _ours(ipc._shared_memory, int(device_id), int(local_core_id), int(sem_id), int(value)):
+            return hand_off(token, device_id, local_core_id, sem_id, value)
         return orig_wait(token, device_id, local_core_id, sem_id, value, *a, **k)
+
+    semaphore_wait.__wrapped__ = getattr(orig_wait, "__wrapped__", orig_wait)  # type: ignore[attr-defined]
 
     remove = ipc.remove_memory_space_p
     orig_eval = remove.abstract_eval
