@@ -54,7 +54,7 @@ def itemsize(dtype: Any) -> int:
         from jax._src import core as jax_core
 
         physical = jax_core.physical_element_aval(dtype)
-        return math.prod(physical.shape) * itemsize(physical.dtype)
+        return int(math.prod(physical.shape)) * itemsize(physical.dtype)
     try:
         return int(np.dtype(dtype).itemsize)
     except TypeError:
