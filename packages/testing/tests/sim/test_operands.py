@@ -4,6 +4,9 @@ what libtpu's compiler does with the same kernels."""
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -81,25 +84,27 @@ def test_a_bool_dma_is_refused_where_mosaic_refuses_it() -> None:
                 jax.jit(bool_dma)(mask)
 
 
-def key_operand(key: jax.Array) -> jax.Array:
-    """Random bits from a PRNG key operand."""
+def key_operand(key: jax.Array, space: Any = pltpu.SMEM) -> jax.Array:
+    """Random bits from a PRNG key operand (a block in ``space``)."""
 
     def kernel(key_ref: jax.Array, o_ref: jax.Array) -> None:
         o_ref[...] = jax.random.bits(key_ref[...], SHAPE)
 
     return pl.pallas_call(
         kernel,
-        in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
+        in_specs=[pl.BlockSpec(memory_space=space)],
         out_shape=jax.ShapeDtypeStruct(SHAPE, jnp.uint32),
     )(key)
 
 
 @pytest.mark.sim
-def test_key_operands_are_refused_not_crashed() -> None:
-    # The interpreter failed on them with "nan + key<fry>" (its buffers). Semaphore operands
-    # and results run: tests/sim/test_kernel_semaphores.py.
+@pytest.mark.parametrize("space", [pltpu.SMEM, pltpu.VMEM], ids=["smem", "vmem"])
+def test_key_operands_are_refused_not_crashed(space: Any) -> None:
+    # The interpreter failed on them with "nan + key<fry>" (its buffers), and the VMEM budget
+    # check with "Cannot interpret 'key<fry>' as a data type". Semaphore operands and results
+    # run: tests/sim/test_kernel_semaphores.py.
     with simulate("v5p", 1), pytest.raises(UnsupportedOnChipError, match="PRNG keys"):
-        jax.jit(key_operand)(jax.random.key(0))
+        jax.jit(partial(key_operand, space=space))(jax.random.key(0))
 
 
 def compiles(fn: object, target: CompileTarget, *args: jax.ShapeDtypeStruct) -> None:

@@ -274,8 +274,13 @@ def _short(aval: Any) -> str:
     import numpy as np
     from jax._src import dtypes
 
-    dtype = np.dtype(aval.dtype)
-    name = dtypes.short_dtype_name(dtype)
+    from coremesh.core.dtypes import is_extended
+
+    name = (
+        str(aval.dtype)
+        if is_extended(aval.dtype)
+        else dtypes.short_dtype_name(np.dtype(aval.dtype))
+    )
     return f"{name}[{','.join(str(d) for d in aval.shape)}]"
 
 
