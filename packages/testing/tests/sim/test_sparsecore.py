@@ -272,6 +272,21 @@ def test_indexed_dma_mosaic_refuses_is_refused(
         assert info.value.chip == "v5p"  # type: ignore[attr-defined]
 
 
+def test_a_transform_after_the_indexer_is_refused_as_mosaic_refuses_it() -> None:
+    """JAX's test_invalid_gather_1d_with_extra_transforms: Mosaic refuses a view of the gathered
+    rows (NotImplementedError); the interpreter crashed on it ('ReshapeTransform' ... 'indices')."""
+    with simulate(chip="v5p", devices=1) as sim:
+        table = jnp.zeros((16, 128), jnp.float32)
+        idx = jnp.arange(8, dtype=jnp.int32)
+
+        def reshaped(t: Any, i: Any, o: Any, rows: Any, sem: Any, n: int) -> None:
+            pltpu.sync_copy(t.at[i.at[0]].reshape(n * 128), rows.reshape(n * 128))
+            pltpu.sync_copy(rows, o)
+
+        with pytest.raises(NotImplementedError, match="cannot have any transforms following"):
+            indexed_dma(sim, reshaped, table, idx, 8)
+
+
 def test_dma_with_add_is_refused() -> None:
     """The stock interpreter ignores add=True and overwrites: refused, never silently wrong."""
     with simulate(chip="v5p", devices=1) as sim:

@@ -486,6 +486,18 @@ def _index_vector(ref: Any) -> tuple[Any, Any] | None:
     ]
     if not vectors:
         return None
+    if vectors[-1] != len(transforms) - 1:
+        from coremesh.testing.sim.chip import current_name
+
+        raise UnsupportedOnChipError(
+            f"an indexed DMA whose ref has {transforms[-1]} after its indexer: the ref of an "
+            "indexed DMA cannot have any transforms following the indexer",
+            rule="Mosaic lowers an indexed DMA only with the vector indexer last "
+            "(JAX's test_invalid_gather_1d_with_extra_transforms)",
+            chip=current_name(),
+            fix="index last: reshape or slice the table before .at[idx_ref], or the "
+            "destination instead of the gathered view",
+        )
     last = transforms[-1]
     if isinstance(last.indices[0], plsc.Indices):
         raise _not_simulated(
