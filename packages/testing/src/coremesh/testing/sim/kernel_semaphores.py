@@ -91,7 +91,7 @@ def _steps(grid: Sequence[Any]) -> int | None:
 
 
 def _count_aval(aval: Any) -> Any:
-    """The SMEM int32 block a semaphore operand's count travels in."""
+    """The SMEM int32 block a semaphore operand's handle travels in."""
     import jax.numpy as jnp
     from jax.experimental.pallas import tpu as pltpu
 
@@ -101,7 +101,7 @@ def _count_aval(aval: Any) -> Any:
 def _scratch_aval(aval: Any) -> Any:
     """The scratch semaphore standing in for a semaphore operand, typed as the interpreter types
     its semaphores (``SEMAPHORE_INTERPRET_DTYPE``), which every semaphore and DMA primitive
-    takes: a DMA semaphore then also takes the hand-off's ``semaphore_signal`` / ``_wait``."""
+    takes: a DMA semaphore then also takes the hand-off's ``semaphore_wait`` s."""
     from jax._src.pallas import core as pallas_core
     from jax.experimental.pallas import tpu as pltpu
 
