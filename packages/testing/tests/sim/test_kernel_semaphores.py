@@ -40,6 +40,18 @@ def copy_start(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     )(x)
 
 
+def waiting(kernel: Any, x: jax.Array, out: jax.Array, sems: jax.Array) -> jax.Array:
+    """``kernel(x_hbm, out_in, sems, out_hbm)`` on ``(x, out, sems)``, ``out`` aliased to its
+    result: the kernel that waits for copies into ``out`` an earlier kernel started."""
+    return pl.pallas_call(
+        kernel,
+        in_specs=[ANY, ANY, SEM],
+        out_specs=ANY,
+        out_shape=jax.ShapeDtypeStruct.like(x),
+        input_output_aliases={1: 0},
+    )(x, out, sems)
+
+
 def copy_done(x: jax.Array, out: jax.Array, sems: jax.Array, *, wait: bool = True) -> jax.Array:
     """Wait for the copies ``copy_start`` began; ``out`` is the result they land in."""
 
@@ -49,13 +61,7 @@ def copy_done(x: jax.Array, out: jax.Array, sems: jax.Array, *, wait: bool = Tru
             for k in range(2):
                 pltpu.make_async_copy(x_hbm.at[k], o_hbm.at[k], sems.at[k]).wait()
 
-    return pl.pallas_call(
-        kernel,
-        in_specs=[ANY, ANY, SEM],
-        out_specs=ANY,
-        out_shape=jax.ShapeDtypeStruct.like(x),
-        input_output_aliases={1: 0},
-    )(x, out, sems)
+    return waiting(kernel, x, out, sems)
 
 
 @jax.jit
@@ -192,13 +198,7 @@ def test_a_mesh_kernel_returning_a_semaphore_may_ask_its_core_index() -> None:
         mesh = jax_compat.tensorcore_mesh("core", num_cores=1)
         out_type = (jax.ShapeDtypeStruct.like(x), pltpu.SemaphoreType.DMA(()))
         out, sem = pl.kernel(start, out_type=out_type, mesh=mesh)(x)
-        return pl.pallas_call(
-            done,
-            in_specs=[ANY, ANY, SEM],
-            out_specs=ANY,
-            out_shape=jax.ShapeDtypeStruct.like(x),
-            input_output_aliases={1: 0},
-        )(x, out, sem)
+        return waiting(done, x, out, sem)
 
     with simulate("v5e", 1) as sim:
         got = np.asarray(sim.run(f, X))

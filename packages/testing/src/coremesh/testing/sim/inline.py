@@ -9,6 +9,7 @@ the traces close over become extra leading inputs of the new jaxpr.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,6 +40,33 @@ def trace_body(body: Callable[..., list[Any]], avals: Sequence[Any]) -> Any:
     jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(lu.wrap_init(body, debug_info=debug), avals)
     assert not consts, consts
     return jaxpr
+
+
+def retrace_kernel(grid_mapping: Any, body: Callable[..., list[Any]], avals: Sequence[Any]) -> Any:
+    """A kernel body written around the old one (see :func:`eval_kernel`) as the jaxpr a
+    ``pallas_call`` takes, traced inside the kernel's grid and mesh axes as it first was (so a
+    body that asks ``lax.axis_index('core')`` traces)."""
+    with grid_mapping.trace_env():
+        return trace_body(body, avals)
+
+
+def eval_kernel(jaxpr: Any, refs: Sequence[Any]) -> None:
+    """Run a kernel body ``jaxpr`` (no results) on ``refs``, inside a trace of a new body.
+    Some refs stand in for others (a scratch semaphore typed as the interpreter types them, an
+    operand's ref for its aliased result's): with ``jax_enable_checks`` on, as in JAX's tests,
+    eval_jaxpr would refuse those bindings."""
+    from jax._src import config
+
+    with config.enable_checks(False):
+        jax_core.eval_jaxpr(jaxpr, (), *refs)
+
+
+def kernel_steps(grid_mapping: Any) -> int | None:
+    """The grid steps of a kernel, None if a grid size is only known when it runs."""
+    grid = grid_mapping.grid
+    if not all(isinstance(g, int) for g in grid):
+        return None
+    return int(math.prod(grid))
 
 
 def inline(jaxpr: Any, rule_of: Callable[[Any], Rule | None]) -> tuple[Any, list[Any]]:

@@ -83,14 +83,7 @@ def _not_simulated(what: str, chip: str) -> NotSimulatedError:
     )
 
 
-def _steps(grid: Sequence[Any]) -> int | None:
-    """The number of grid steps, None if one is only known when the kernel runs."""
-    if not all(isinstance(g, int) for g in grid):
-        return None
-    return int(math.prod(grid))
-
-
-def _count_aval(aval: Any) -> Any:
+def _handle_aval(aval: Any) -> Any:
     """The SMEM int32 block a semaphore operand's handle travels in."""
     import jax.numpy as jnp
     from jax.experimental.pallas import tpu as pltpu
@@ -132,8 +125,6 @@ def _body(jaxpr: Any, sems: Sequence[_Semaphore]) -> Callable[..., list[Any]]:
     scratch semaphores (one per ``sems`` entry) come last."""
     import jax
     import jax.numpy as jnp
-    from jax._src import config
-    from jax._src import core as jax_core
     from jax.experimental import io_callback
     from jax.experimental import pallas as pl
 
@@ -156,10 +147,7 @@ def _body(jaxpr: Any, sems: Sequence[_Semaphore]) -> Callable[..., list[Any]]:
             for index in _elements(shape):
                 pl.semaphore_wait(_at(scratch, index), ADOPT - h[index])
 
-        # The scratch semaphores stand in for refs typed as the operands were: with
-        # jax_enable_checks on (JAX's tests), eval_jaxpr would refuse the binding.
-        with config.enable_checks(False):
-            jax_core.eval_jaxpr(jaxpr, (), *kernel_refs)
+        inline.eval_kernel(jaxpr, kernel_refs)
         out = [
             (s, r, h)
             for s, r, h in zip(sems, refs[n:], handles, strict=True)
@@ -218,7 +206,7 @@ def rewrite(args: Sequence[Any], kw: dict[str, Any], chip: str) -> tuple[Any, An
     sems = _semaphores(jaxpr, gm, kw["input_output_aliases"])
     if not sems:
         return None
-    steps = _steps(gm.grid)
+    steps = inline.kernel_steps(gm)
     if steps is None:
         raise _not_simulated("over a grid sized at run time", chip)
     if steps != 1:
@@ -227,21 +215,22 @@ def rewrite(args: Sequence[Any], kw: dict[str, Any], chip: str) -> tuple[Any, An
         raise _not_simulated("whose body has constants", chip)
 
     first = gm.num_index_operands
-    counts = {p for s in sems for p in (s.taken, s.returned) if p is not None}
+    handle_blocks = {p for s in sems for p in (s.taken, s.returned) if p is not None}
     block_mappings = list(gm.block_mappings)
-    for pos in counts:
+    for pos in handle_blocks:
         aval = jaxpr.invars[pos].aval
         block_mappings[pos - first] = block_mappings[pos - first].replace(
             array_aval=jax_core.ShapedArray(tuple(aval.shape), jnp.int32),
-            transformed_block_aval=_count_aval(aval),
+            transformed_block_aval=_handle_aval(aval),
         )
     scratch = [_scratch_aval(s.aval) for s in sems]
     new_gm = gm.replace(
         block_mappings=tuple(block_mappings), scratch_avals=(*gm.scratch_avals, *scratch)
     )
-    in_avals = [_count_aval(v.aval) if i in counts else v.aval for i, v in enumerate(jaxpr.invars)]
-    with gm.trace_env():  # the kernel's grid and mesh axes, as when it was first traced
-        new_jaxpr = inline.trace_body(_body(jaxpr, sems), [*in_avals, *scratch])
+    in_avals = [
+        _handle_aval(v.aval) if i in handle_blocks else v.aval for i, v in enumerate(jaxpr.invars)
+    ]
+    new_jaxpr = inline.retrace_kernel(gm, _body(jaxpr, sems), [*in_avals, *scratch])
 
     # args: *dynamic grid sizes, *index operands, *inputs; invars: *index operands, *inputs, ...
     lead = len(args) - gm.num_inputs - first
@@ -252,7 +241,7 @@ def rewrite(args: Sequence[Any], kw: dict[str, Any], chip: str) -> tuple[Any, An
             new_args[a] = lax.convert_element_type(args[a], jnp.int32)
     out_avals = list(kw["out_avals"])
     first_out = first + gm.num_inputs
-    sem_outs = {p - first_out: out_avals[p - first_out] for p in counts if p >= first_out}
+    sem_outs = {p - first_out: out_avals[p - first_out] for p in handle_blocks if p >= first_out}
     for o, aval in sem_outs.items():
         out_avals[o] = jax_core.ShapedArray(tuple(aval.shape), jnp.int32)
     new_kw = {**kw, "jaxpr": new_jaxpr, "grid_mapping": new_gm, "out_avals": tuple(out_avals)}

@@ -13,7 +13,6 @@ operand's final content is copied to the result when the kernel ends.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,15 +36,13 @@ def _pairs(kw: dict[str, Any]) -> list[tuple[int, int]]:
 
 
 def _body(jaxpr: Any, pairs: Sequence[tuple[int, int]]) -> Callable[..., list[Any]]:
-    from jax._src import config
-    from jax._src import core as jax_core
+    from coremesh.testing.sim import inline
 
     def body(*refs: Any) -> list[Any]:
         kernel_refs = list(refs)
         for operand, result in pairs:
             kernel_refs[result] = refs[operand]
-        with config.enable_checks(False):  # the same aval, another var: eval_jaxpr's own check
-            jax_core.eval_jaxpr(jaxpr, (), *kernel_refs)
+        inline.eval_kernel(jaxpr, kernel_refs)
         for operand, result in pairs:
             refs[result][...] = refs[operand][...]
         return []
@@ -59,16 +56,11 @@ def rewrite(kw: dict[str, Any]) -> dict[str, Any] | None:
 
     pairs = _pairs(kw)
     gm = kw["grid_mapping"]
-    grid = gm.grid
-    if not pairs or kw["jaxpr"].constvars:
-        return None
-    if not all(isinstance(g, int) for g in grid) or math.prod(grid) != 1:
-        return None
     jaxpr = kw["jaxpr"]
+    if not pairs or jaxpr.constvars or inline.kernel_steps(gm) != 1:
+        return None
     avals = [v.aval for v in jaxpr.invars]
-    with gm.trace_env():  # the kernel's grid and mesh axes, as when it was first traced
-        new_jaxpr = inline.trace_body(_body(jaxpr, pairs), avals)
-    return {**kw, "jaxpr": new_jaxpr}
+    return {**kw, "jaxpr": inline.retrace_kernel(gm, _body(jaxpr, pairs), avals)}
 
 
 def targets() -> list[tuple[Any, str, Any]]:
