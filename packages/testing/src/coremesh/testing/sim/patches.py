@@ -962,6 +962,12 @@ def _kernel_semaphores_targets() -> list[tuple[Any, str, Any]]:
     return kernel_semaphores.targets()
 
 
+def _kernel_key_impls_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import kernel_key_impls
+
+    return kernel_key_impls.targets()
+
+
 def _schedule_targets() -> list[tuple[Any, str, Any]]:
     from coremesh.testing.sim import schedule
 
@@ -1149,6 +1155,14 @@ PATCHES: tuple[Patch, ...] = (
         "a buffer ('Cannot interpret 'dma_sem' as a data type'), and each kernel's semaphores "
         "end with it",
         _kernel_semaphores_targets,
+    ),
+    Patch(
+        "kernel_key_impls",
+        "a PRNG implementation written as a Pallas kernel (pallas_threefry2x32, "
+        "pallas_philox4x32) fails under jit with 'KeyError: OrderedIOEffect': random_bits and "
+        "the other key primitives are declared effect-free (prng.py random_bits_lowering, "
+        "mlir.lower_fun), and the interpreted kernel is ordered io_callbacks with no token",
+        _kernel_key_impls_targets,
     ),
     Patch(
         "poison_buffers",
