@@ -99,12 +99,20 @@ def key_operand(key: jax.Array, space: Any = pltpu.SMEM) -> jax.Array:
 
 @pytest.mark.sim
 @pytest.mark.parametrize("space", [pltpu.SMEM, pltpu.VMEM], ids=["smem", "vmem"])
-def test_key_operands_are_refused_not_crashed(space: Any) -> None:
+def test_key_operands_run_or_are_refused_not_crashed(space: Any) -> None:
     # The interpreter failed on them with "nan + key<fry>" (its buffers), and the VMEM budget
-    # check with "Cannot interpret 'key<fry>' as a data type". Semaphore operands and results
+    # check with "Cannot interpret 'key<fry>' as a data type". Patch key_refs runs them
+    # (tests/sim/test_key_refs.py); without it they are refused. Semaphore operands and results
     # run: tests/sim/test_kernel_semaphores.py.
-    with simulate("v5p", 1), pytest.raises(UnsupportedOnChipError, match="PRNG keys"):
-        jax.jit(partial(key_operand, space=space))(jax.random.key(0))
+    key = jax.random.key(0)
+    with simulate("v5p", 1):
+        got = jax.jit(partial(key_operand, space=space))(key)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.random.bits(key, SHAPE)))
+    with (
+        simulate("v5p", 1, disable_patches=["key_refs"]),
+        pytest.raises(UnsupportedOnChipError, match="PRNG keys"),
+    ):
+        jax.jit(partial(key_operand, space=space))(key)
 
 
 def compiles(fn: object, target: CompileTarget, *args: jax.ShapeDtypeStruct) -> None:

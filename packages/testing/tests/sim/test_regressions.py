@@ -142,6 +142,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "masked_swap",  # test_ref_views.py
         "value_ops",  # test_value_ops.py
         "kernel_semaphores",  # test_kernel_semaphores.py
+        "key_refs",  # test_key_refs.py
         "kernel_key_impls",  # test_kernel_key_impls.py
         "resident_aliases",  # test_resident_aliases.py
         "hardware_prng",  # test_hardware_prng.py

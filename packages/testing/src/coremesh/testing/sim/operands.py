@@ -11,9 +11,10 @@ on jax 0.10), and crashes on some it cannot model. Checked before the kernel is 
   dtypes are not supported"), so on that line the kernel body is searched for one;
 * extended dtypes (semaphores, PRNG keys) have no data-type rule, and Mosaic lowers both as
   operands, but the interpreter runs neither: it fills a fresh buffer of each operand and result
-  with NaN (``NotImplementedError: nan + key<fry>``). Keys are refused here with what to do
-  instead; semaphores reach this check only with patch ``kernel_semaphores`` off (it runs them,
-  ``coremesh.testing.sim.kernel_semaphores``) and are refused likewise.
+  with NaN (``NotImplementedError: nan + key<fry>``). Both reach this check only with their
+  patch off: ``key_refs`` runs keys as their key data (``coremesh.testing.sim.key_refs``),
+  ``kernel_semaphores`` runs semaphores (``coremesh.testing.sim.kernel_semaphores``); without
+  it they are refused here with what to do instead.
 """
 
 from __future__ import annotations

@@ -968,6 +968,12 @@ def _kernel_key_impls_targets() -> list[tuple[Any, str, Any]]:
     return kernel_key_impls.targets()
 
 
+def _key_refs_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import key_refs
+
+    return key_refs.targets()
+
+
 def _schedule_targets() -> list[tuple[Any, str, Any]]:
     from coremesh.testing.sim import schedule
 
@@ -1155,6 +1161,14 @@ PATCHES: tuple[Patch, ...] = (
         "a buffer ('Cannot interpret 'dma_sem' as a data type'), and each kernel's semaphores "
         "end with it",
         _kernel_semaphores_targets,
+    ),
+    Patch(
+        "key_refs",
+        "a kernel whose operands, results or scratch are PRNG keys fails: the interpreter fills "
+        "a key result like data ('nan + key<fry>', utils.py get_uninitialized_array) and copies "
+        "a key operand as a buffer ('Cannot interpret 'key<fry>' as a data type'); a pallas_tpu "
+        "key's random_bits, fold_in, unwrap_pallas_seed and prng_seed(key) have no CPU lowering",
+        _key_refs_targets,
     ),
     Patch(
         "kernel_key_impls",
