@@ -167,13 +167,20 @@ def test_simulated_chip() -> None:
         with pytest.raises(AttributeError):  # reads num_cores of a CPU device
             stock_tensorcore_mesh()
         assert not pltpu.is_tpu_device()
+        with pytest.raises(AttributeError):
+            _ = jax.devices()[0].num_cores  # what JAX's core_map tests read
     with simulate(devices=1):
         assert pltpu.get_tpu_info().num_cores == 2
         assert dict(stock_tensorcore_mesh().shape) == {"core": 2}
         assert pltpu.is_tpu_device()
+        assert [d.num_cores for d in jax.devices()] == [2]
         # jax's own lowering keeps the host's answer: the device lowers as a CPU.
         assert not jax_compat.tpu_info_module().is_tpu_device()
+    with simulate("v5e", devices=2):
+        assert [d.num_cores for d in jax.devices()] == [1, 1]
     assert not pltpu.is_tpu_device()  # outside the simulator, as stock
+    with pytest.raises(AttributeError):
+        _ = jax.devices()[0].num_cores
 
 
 # host_devices -----------------------------------------------------------------------------

@@ -123,8 +123,17 @@ def _tpu_info_targets() -> list[tuple[Any, str, Any]]:
         # CPU device does not have.
         return current().cores_per_device
 
+    def num_cores(device: Any) -> int:
+        # A TPU device answers num_cores (a PJRT device attribute); a host device standing in
+        # for one answers the simulated chip's, and any other device as before (no attribute).
+        slice_ = active_slice()
+        if slice_ is None or device not in slice_.devices:
+            raise AttributeError("num_cores")
+        return current().cores_per_device
+
     out: list[tuple[Any, str, Any]] = [
         (tpu_info, "registry", registry),
+        (jax.Device, "num_cores", property(num_cores)),
         (sc_core, "get_sparse_core_info", _get_sparse_core_info),
         # User code asking pltpu whether it runs on a TPU hears what get_tpu_info() describes;
         # jax's own lowering rules read tpu_info.is_tpu_device, which stays False (the host
@@ -985,7 +994,7 @@ PATCHES: tuple[Patch, ...] = (
         "simulated_chip",
         "pltpu.get_tpu_info() raises 'Unsupported TPU device kind: cpu' (tpu_info.py:521), "
         "pltpu.is_tpu_device() is False and create_tensorcore_mesh() reads num_cores of a CPU "
-        "device (core.py:403)",
+        "device (core.py:403); a CPU device has no num_cores, which TPU devices answer",
         _tpu_info_targets,
     ),
     Patch(

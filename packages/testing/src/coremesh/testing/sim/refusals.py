@@ -110,6 +110,7 @@ def check_kernel(
         ) from None
     if not sparsecore:
         check_integer_ops(inner, label, chip.name)
+        check_multicore_vmem_operands(inner, mesh, grid_mapping, label, chip.name)
     elif type(mesh).__name__ == "VectorSubcoreMesh":
         from coremesh.testing.sim.sc_accesses import check_vector_subcore_kernel
 
@@ -383,6 +384,28 @@ def check_kernel_end(sm: Any, device: int, chip: str) -> None:
         fix="add the missing .wait() for each DMA (or pltpu.semaphore_wait for each signal), "
         "or signal fewer times",
     )
+
+
+def check_multicore_vmem_operands(
+    jaxpr: Any, mesh: Any, grid_mapping: Any, label: str, chip: str
+) -> None:
+    """A TensorCore-mesh kernel of more than one core cannot take or return arrays kept in
+    VMEM: each core has its own. jax 0.10 refuses it as it discharges the ``core_map``; from
+    0.11 Mosaic's lowering does (pallas_call_registration.py), which the interpreter skips."""
+    if type(mesh).__name__ != "TensorCoreMesh" or getattr(mesh, "num_cores", 1) <= 1:
+        return
+    scratch = getattr(grid_mapping, "num_scratch_operands", 0) or 0
+    operands = jaxpr.invars[: len(jaxpr.invars) - scratch]
+    if any(memory_space(v.aval) == "vmem" for v in operands):
+        raise UnsupportedOnChipError(
+            f"{label} over {mesh.num_cores} TensorCores takes or returns an array kept in VMEM "
+            "(jax.new_ref(..., memory_space=pltpu.VMEM), or an out_shape of pltpu.VMEM(...))",
+            rule="Mosaic: 'TensorCoreMesh does not support VMEM inputs/outputs when there are "
+            ">1 cores. Use HBM or ANY instead.' (each core has its own VMEM)",
+            chip=chip,
+            fix="keep the array in HBM (pltpu.HBM / pl.ANY) and copy it into VMEM scratch in "
+            "the kernel, or run the kernel on one core (pltpu.TensorCoreMesh(..., num_cores=1))",
+        )
 
 
 def targets() -> list[tuple[Any, str, Any]]:

@@ -8,7 +8,10 @@ interpreter gives the result a kernel buffer of its own, which a kernel that wri
 through the operand (or not at all) leaves unwritten: the result is the fill (NaN).
 
 Simulated so: in a kernel of one grid step, the result's ref is the operand's, and the
-operand's final content is copied to the result when the kernel ends.
+operand's final content is copied to the result when the kernel ends. Over more grid steps or
+cores (each core has its own VMEM and SMEM) it is refused (``NotSimulatedError``), not left to
+the fill. An operand kept in VMEM and only read is copied into the kernel's VMEM like any
+input; the interpreter refused it ("Unsupported memory space: vmem").
 """
 
 from __future__ import annotations
@@ -57,19 +60,56 @@ def rewrite(kw: dict[str, Any]) -> dict[str, Any] | None:
     pairs = _pairs(kw)
     gm = kw["grid_mapping"]
     jaxpr = kw["jaxpr"]
-    if not pairs or jaxpr.constvars or inline.kernel_steps(gm) != 1:
+    if not pairs:
+        return None
+    if inline.kernel_steps(gm) != 1:
+        from coremesh.testing.sim.chip import current
+        from coremesh.testing.sim.errors import NotSimulatedError
+        from coremesh.testing.sim.refusals import check_multicore_vmem_operands
+
+        # What the chip refuses first, in its words.
+        name = kw.get("name")
+        label = f"kernel {name!r}" if name else "a kernel"
+        check_multicore_vmem_operands(jaxpr, kw.get("mesh"), gm, label, current().name)
+
+        raise NotSimulatedError(
+            f"a kernel of {inline.kernel_steps(gm)} grid steps (or cores) whose result is an "
+            "array kept in VMEM or SMEM, aliased to an operand, is not simulated",
+            rule="the operand and the result are one buffer on the chip; the simulator makes "
+            "them one only in a kernel of one grid step on one core (each core has its own "
+            "VMEM and SMEM)",
+            chip=current().name,
+            fix="keep the array in HBM (pltpu.HBM / pl.ANY) and copy it in the kernel, or run "
+            "the kernel as one grid step on one core",
+        )
+    if jaxpr.constvars:
         return None
     avals = [v.aval for v in jaxpr.invars]
     return {**kw, "jaxpr": inline.retrace_kernel(gm, _body(jaxpr, pairs), avals)}
 
 
 def targets() -> list[tuple[Any, str, Any]]:
-    """The interpreter's kernel entry."""
+    """The interpreter's kernel entry, and its memory-space strip for operands kept in VMEM."""
+    from jax._src import core as jax_core
+    from jax._src.pallas.mosaic import core as mosaic_core
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
     orig_call = ipc.interpret_pallas_call
+    remove = ipc.remove_memory_space_p
+    orig_eval = remove.abstract_eval
 
     def interpret_pallas_call(*args: Any, **kw: Any) -> Any:
         return orig_call(*args, **(rewrite(kw) or kw))
 
-    return [(ipc, "interpret_pallas_call", interpret_pallas_call)]
+    def remove_memory_space(x: Any, **kw: Any) -> Any:
+        # The interpreter strips an operand's memory space and refuses any but HBM / ANY
+        # (interpret_pallas_call.py _remove_memory_space_abstract_eval); an operand kept in
+        # VMEM is copied into the kernel's VMEM from its block as any VMEM input is.
+        if isinstance(x, jax_core.ShapedArray) and x.memory_space is mosaic_core.MemorySpace.VMEM:
+            return jax_core.ShapedArray(x.shape, x.dtype), jax_core.no_effects
+        return orig_eval(x, **kw)
+
+    return [
+        (ipc, "interpret_pallas_call", interpret_pallas_call),
+        (remove, "abstract_eval", remove_memory_space),
+    ]
