@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -344,6 +345,220 @@ def test_row_by_row_gather_is_simulated() -> None:
         )
         got = np.asarray(sim.run(f, table, idx))
         np.testing.assert_array_equal(got, np.asarray(table)[np.asarray(idx)])
+
+
+def one_subcore() -> Any:
+    return plsc.VectorSubcoreMesh(
+        core_axis_name="core", subcore_axis_name="subcore", num_cores=1, num_subcores=1
+    )
+
+
+def test_indexed_dma_with_a_count_known_at_run_time() -> None:
+    """JAX's test_gather_1d_with_dynamically_sized_ref: an index view idx_ref.at[pl.ds(0, n)]
+    with n traced, gathering into and scattering from rows.at[pl.ds(0, n)] (each index read in
+    its turn); the interpreter crashed on the dynamically shaped index vector (DShapedArray)."""
+    with simulate(chip="v5p", devices=1) as sim:
+        table = jnp.arange(32 * 128, dtype=jnp.int32).reshape(32, 128)
+        idx = jnp.asarray([31, 4, 0, 17, 9, 22, 3, 12], jnp.int32)
+        count = 5  # the kernel computes it from its core index: known when it runs
+
+        def gather(t: Any, i: Any, o: Any, rows: Any, sem: Any, n: int) -> None:
+            m = jax.lax.axis_index("core") + count
+            pltpu.sync_copy(t.at[pl.ds(0, n)], rows)  # every row written before the gather
+            pltpu.sync_copy(t.at[i.at[0, pl.ds(0, m)]], rows.at[pl.ds(0, m)])
+            pltpu.sync_copy(rows, o)
+
+        got = indexed_dma(sim, gather, table, idx, 8)
+        want = np.asarray(table)[:8].copy()
+        want[:count] = np.asarray(table)[np.asarray(idx)[:count]]
+        np.testing.assert_array_equal(got, want)
+
+        def scatter(t: Any, i: Any, o: Any, rows: Any, sem: Any, n: int) -> None:
+            m = jax.lax.axis_index("core") + count
+            pltpu.sync_copy(t, o)
+            pltpu.sync_copy(t.at[pl.ds(0, n)], rows)
+            pltpu.sync_copy(rows.at[pl.ds(0, m)], o.at[i.at[0, pl.ds(0, m)]])
+
+        got = indexed_dma(sim, scatter, table, idx, 32)
+        want = np.asarray(table).copy()
+        want[np.asarray(idx)[:count]] = np.asarray(table)[:count]
+        np.testing.assert_array_equal(got, want)
+
+
+Copy = Callable[[Any, Any, Any, Any], None]
+
+
+@pytest.mark.parametrize(
+    ("copy", "idx_shape", "idx_in_vmem", "kind", "match"),
+    [
+        (
+            lambda t, i, rows, o: pltpu.sync_copy(t.at[i], o),
+            (8,),
+            True,
+            NotImplementedError,
+            "Scatter/gather via `pltpu.async_copy` from HBM to HBM is not supported",
+        ),
+        (
+            lambda t, i, rows, o: pltpu.sync_copy(t.at[i], rows),
+            (8,),
+            False,
+            NotImplementedError,
+            "Indices for scatter/gather via `pltpu.async_copy` must be in VMEM, got HBM",
+        ),
+        (
+            lambda t, i, rows, o: pltpu.sync_copy(t.at[i], rows),
+            (1, 8),
+            True,
+            NotImplementedError,
+            "Only 1D indices are supported by scatter/gather via `pltpu.async_copy` on "
+            "SparseCore, got rank 2",
+        ),
+        (
+            lambda t, i, rows, o: pltpu.sync_copy(t.at[i], rows.at[i]),
+            (8,),
+            True,
+            ValueError,
+            "Only the source ref can be indexed when doing a gather",
+        ),
+    ],
+    ids=["hbm_to_hbm", "indices_in_hbm", "2d_indices", "both_sides"],
+)
+def test_indexed_dmas_mosaic_refuses_are_refused_with_its_words(
+    copy: Copy, idx_shape: tuple[int, ...], idx_in_vmem: bool, kind: type[Exception], match: str
+) -> None:
+    """JAX's test_invalid_gather_1d_memory_space, _offsets_memory_space, _nd_indices and
+    _with_indexed_destination: Mosaic's SparseCore lowering refuses these (sc_lowering.py
+    _prepare_dma_refs), with an error of the type JAX's tests expect. The simulator ran the
+    first, read the HBM indices with a raw interpreter ValueError, and refused the others as
+    unsimulated."""
+    with simulate(chip="v5p", devices=1) as sim:
+        rows_shape = (*idx_shape, 128)
+
+        def kernel(t_hbm: Any, i_hbm: Any, o_hbm: Any, i_vmem: Any, rows: Any) -> None:
+            index = i_hbm
+            if idx_in_vmem:
+                pltpu.sync_copy(i_hbm, i_vmem)
+                index = i_vmem
+            copy(t_hbm, index, rows, o_hbm)
+
+        f = jax.jit(
+            pl.kernel(
+                kernel,
+                out_type=jax.ShapeDtypeStruct(rows_shape, jnp.float32),
+                mesh=one_subcore(),
+                scratch_types=[
+                    pltpu.VMEM(idx_shape, jnp.int32),
+                    pltpu.VMEM(rows_shape, jnp.float32),
+                ],
+            )
+        )
+        table = jnp.zeros((16, 128), jnp.float32)
+        with pytest.raises(cc.UnsupportedOnChipError, match=re.escape(match)) as info:
+            sim.run(f, table, jnp.zeros(idx_shape, jnp.int32))
+        assert isinstance(info.value, kind)
+        assert info.value.chip == "v5p"
+
+
+def test_select_ref_dmas_copy_from_the_chosen_ref() -> None:
+    """JAX's test_select_ref: pl.select_ref(k, ...) as a DMA's source and its semaphore, k traced:
+    the copy of the k-th ref, on the k-th semaphore (the interpreter raised NotImplementedError
+    on SelectTransform); an index past the refs raises."""
+    with simulate(chip="v5p", devices=1) as sim:
+        base = jnp.arange(8 * 128, dtype=jnp.int32).reshape(8, 128)
+        parts = [base + 10_000 * k for k in range(3)]
+
+        def kernel(last: int) -> Any:
+            def body(a: Any, b: Any, c: Any, o: Any, sems: Any) -> None:
+                @pl.loop(0, last)
+                def _(k: Any) -> None:
+                    pltpu.async_copy(
+                        pl.select_ref(k, a, b, c),
+                        o.at[pl.ds(8 * (2 - k), 8)],
+                        pl.select_ref(k % 2, sems.at[0], sems.at[1]),
+                    ).wait()
+
+            return jax.jit(
+                pl.kernel(
+                    body,
+                    out_type=jax.ShapeDtypeStruct((24, 128), jnp.int32),
+                    mesh=one_subcore(),
+                    scratch_types=[pltpu.SemaphoreType.DMA((2,))],
+                )
+            )
+
+        got = np.asarray(sim.run(kernel(3), *parts))
+        np.testing.assert_array_equal(got, np.concatenate([np.asarray(p) for p in parts[::-1]]))
+        with pytest.raises(Exception, match=r"pl\.select_ref: index 3 chooses among 3 refs"):
+            sim.run(kernel(4), *parts)
+
+
+def test_scratch_in_vmem_tied_to_the_kernel_mesh() -> None:
+    """JAX's test_addupdate_scatter_core_memory_space: pltpu.VMEM(...) @ mesh, as a kernel's
+    scratch and in run_scoped, is the subcore's VMEM (the interpreter raised KeyError:
+    VMEM@SC_VECTOR_SUBCORE)."""
+    with simulate(chip="v5p", devices=1) as sim:
+        mesh = one_subcore()
+        x = jnp.arange(8, dtype=jnp.int32) * 3 - 5
+
+        def kernel(x_hbm: Any, o_hbm: Any, scratch: Any) -> None:
+            pltpu.sync_copy(x_hbm, scratch)
+            plsc.addupdate_scatter(scratch, [jnp.arange(8)[::-1]], jnp.arange(8, dtype=jnp.int32))
+
+            def scoped(inner: Any) -> None:
+                inner[...] = scratch[...] * 2
+                pltpu.sync_copy(inner, o_hbm)
+
+            pl.run_scoped(scoped, pltpu.VMEM((8,), jnp.int32) @ mesh)
+
+        f = jax.jit(
+            pl.kernel(
+                kernel,
+                out_type=x,
+                mesh=mesh,
+                scratch_types=[pltpu.VMEM((8,), jnp.int32) @ mesh],
+                compiler_params=pltpu.CompilerParams(needs_layout_passes=False),
+            )
+        )
+        got = np.asarray(sim.run(f, x))
+        np.testing.assert_array_equal(got, (np.asarray(x) + np.arange(8)[::-1]) * 2)
+
+
+def test_a_row_load_through_a_bitcast_view() -> None:
+    """JAX's test_load_from_bitcast: an integer index on the second-minor axis after
+    ref.bitcast (refused before: 'an index on the second-minor axis after ref.bitcast'). The
+    same width reinterprets the row; int16 rows 2 and 3 make int32 row 1, row 2 in the low
+    bits."""
+    with simulate(chip="v5p", devices=1) as sim:
+        x = jnp.arange(16, dtype=jnp.float32).reshape(2, 8) - 3.5
+        p = (jnp.arange(32, dtype=jnp.int32) * 2999 - 40000).astype(jnp.int16).reshape(4, 8)
+
+        def kernel(x_hbm: Any, p_hbm: Any, o_hbm: Any, w_hbm: Any, *v: Any) -> None:
+            xv, pv, ov, wv = v
+            pltpu.sync_copy(x_hbm, xv)
+            pltpu.sync_copy(p_hbm, pv)
+            ov[...] = xv.bitcast(jnp.uint32)[1]
+            wv[...] = pv.bitcast(jnp.int32)[1]
+            pltpu.sync_copy(ov, o_hbm)
+            pltpu.sync_copy(wv, w_hbm)
+
+        out = (jax.ShapeDtypeStruct((8,), jnp.uint32), jax.ShapeDtypeStruct((8,), jnp.int32))
+        f = jax.jit(
+            pl.kernel(
+                kernel,
+                out_type=out,
+                mesh=one_subcore(),
+                scratch_types=[
+                    pltpu.VMEM((2, 8), jnp.float32),
+                    pltpu.VMEM((4, 8), jnp.int16),
+                    pltpu.VMEM((8,), jnp.uint32),
+                    pltpu.VMEM((8,), jnp.int32),
+                ],
+            )
+        )
+        got_x, got_p = (np.asarray(a) for a in sim.run(f, x, p))
+        np.testing.assert_array_equal(got_x, np.asarray(x)[1].view(np.uint32))
+        low, high = (np.asarray(p)[r].view(np.uint16).astype(np.uint32) for r in (2, 3))
+        np.testing.assert_array_equal(got_p, (low | (high << 16)).view(np.int32))
 
 
 def lane_keys(v: Any) -> Any:

@@ -518,6 +518,8 @@ def _interpret_call_targets() -> list[tuple[Any, str, Any]]:
     from jax._src.pallas.mosaic import core as mosaic_core
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
+    from coremesh.testing.sim import sparsecore
+
     orig = ipc.interpret_pallas_call
 
     def interpret_pallas_call(*args: Any, mesh: Any, interpret_params: Any, **kw: Any) -> Any:
@@ -529,6 +531,8 @@ def _interpret_call_targets() -> list[tuple[Any, str, Any]]:
             chip.name,
             sparsecore=mesh is not None and not isinstance(mesh, mosaic_core.TensorCoreMesh),
         )
+        if mesh is not None:  # pltpu.VMEM(...) @ mesh: a KeyError in the interpreter (:482)
+            kw["jaxpr"] = sparsecore.own_memory_spaces(kw["jaxpr"], mesh)
         if isinstance(mesh, mosaic_core.TensorCoreMesh):
             cores = jax_compat.mesh_cores(mesh)
             if cores > chip.cores_per_device:

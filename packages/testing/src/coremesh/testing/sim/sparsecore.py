@@ -45,10 +45,18 @@ never silently wrong.
   for the whole copy sees every row's bytes. Stock, the interpreter's DMA reads the index ref's
   buffer id as if it were the index. An index outside the table raises; what Mosaic refuses
   (16-bit elements, rows not of whole 128-word tiles: ``coremesh.core.dma``) raises the same
-  coremesh error as the compile check. Only a 1-D index vector on the first dim of the indexed
-  view, given last, is simulated; other forms are refused. The indices are read when the DMA
-  starts; hardware reads them as it runs, so overwriting them before the wait is a bug the
-  simulator does not see.
+  coremesh error as the compile check, and what its SparseCore lowering refuses (indices not
+  1-D or not in VMEM, both sides indexed, HBM to HBM) raises ``UnsupportedOnChipError`` with
+  Mosaic's words. Only a 1-D index vector on the first dim of the indexed view, given last, is
+  simulated; other forms are refused. A count known only at run time (``idx_ref.at[pl.ds(0,
+  n)]``) reads each index in its turn, and the wait waits row by row. The indices are read when
+  the DMA starts; hardware reads them as it runs, so overwriting them before the wait is a bug
+  the simulator does not see.
+* ``pl.select_ref(k, ...)`` as a DMA's source, destination or semaphore: a switch on ``k``
+  (Mosaic's nested ``scf.if``); an index past the refs raises; a choice outside a DMA is
+  refused.
+* ``pltpu.VMEM(...) @ mesh`` (a memory space tied to the kernel's own mesh): the space it wraps
+  (:func:`own_memory_spaces`); one tied to another core type is refused.
 * a DMA with ``add=True`` (the destination accumulates): refused. The interpreter ignores
   ``add`` and overwrites.
 * ``subcore_barrier``: refused. The interpreter runs a SparseCore mesh's subcores one after the
@@ -60,7 +68,7 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -68,6 +76,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax._src import core as jax_core
+from jax._src.pallas import core as pallas_core
+from jax._src.pallas.mosaic import core as tpu_core
 from jax._src.pallas.mosaic import primitives as tpu_primitives
 from jax._src.pallas.mosaic import sc_primitives as scp
 from jax._src.pallas.mosaic.interpret import utils as interpret_utils
@@ -77,7 +87,7 @@ from jax.experimental import io_callback
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu_sc as plsc
 
-from coremesh.core.errors import UnsupportedOnChipError
+from coremesh.core.errors import CoremeshError, UnsupportedOnChipError
 from coremesh.testing.sim import inline
 from coremesh.testing.sim.errors import NotSimulatedError
 
@@ -427,8 +437,14 @@ _RULES: dict[Any, _Rule] = {
 def _rule(eqn: Any, used: frozenset[Any] | None = None) -> _Rule | None:
     """How ``eqn`` is rewritten for the interpreter, or None if it runs as it is. ``used``:
     the variables the jaxpr reads (None: take every result as used)."""
+    if _multiref_operands(eqn) is not None:
+        return functools.partial(_selected_dma, _primitive=eqn.primitive)
     if _is_indexed_dma(eqn):
         return _indexed_copy
+    if eqn.primitive is tpu_primitives.dma_wait_p:
+        src, *_ = eqn.params["tree"].unflatten(eqn.invars)
+        if _dynamic_rows(src) is not None:
+            return _rows_wait
     if used is not None and eqn.primitive is scp.swap_p:
         return functools.partial(_swap, result_used=eqn.outvars[0] in used)
     if used is not None and eqn.primitive is scp.scan_count_p:
@@ -471,6 +487,82 @@ def _not_simulated(what: str, why: str) -> NotSimulatedError:
         fix="check this kernel with the compile-only target (coremesh.testing.aot) or on TPU "
         "hardware; restructure it without this to simulate it",
     )
+
+
+def _is_multiref(ref: Any) -> bool:
+    return isinstance(ref, state_types.TransformedRef) and bool(ref.multiref)
+
+
+def _multiref_operands(eqn: Any) -> list[Any] | None:
+    """The operands of a DMA start or wait, when one is a ``pl.select_ref`` choice; else None."""
+    if eqn.primitive not in (tpu_primitives.dma_start_p, tpu_primitives.dma_wait_p):
+        return None
+    operands = list(eqn.params["tree"].unflatten(eqn.invars))
+    return operands if any(_is_multiref(op) for op in operands) else None
+
+
+def _check_choice(n: int, idx: np.ndarray) -> None:
+    if not 0 <= int(idx) < n:
+        raise IndexError(f"pl.select_ref: index {int(idx)} chooses among {n} refs")
+
+
+def _bind_chosen(primitive: Any, params: dict[str, Any], operands: list[Any]) -> None:
+    """Bind a DMA start or wait on ``operands``, each ``pl.select_ref`` choice among them made
+    by a switch on its index (Mosaic's nested ``scf.if``, lowering.py ``_select_to_ifop``)."""
+    at = next((i for i, op in enumerate(operands) if _is_multiref(op)), None)
+    if at is None:
+        flat, tree = tpu_primitives._dma_flatten(*operands)
+        primitive.bind(*flat, **{**params, "tree": tree})
+        return
+    choice = operands[at]
+    options = list(choice.ref)
+    idx = choice.transforms[0].idx
+
+    def branch(option: Any) -> Callable[[], None]:
+        def run() -> None:
+            _bind_chosen(primitive, params, [*operands[:at], option, *operands[at + 1 :]])
+
+        return run
+
+    if isinstance(idx, int | np.integer):
+        _check_choice(len(options), np.asarray(idx))
+        branch(options[int(idx)])()
+        return
+    # Mosaic takes any index past the first n-1 as the last ref; the docstring says nothing
+    # of one out of range, so such an index raises.
+    _runtime_check(functools.partial(_check_choice, len(options)), idx)
+    index = jnp.clip(jnp.asarray(idx, jnp.int32), 0, len(options) - 1)
+    lax.switch(index, [branch(option) for option in options])
+
+
+def _selected_dma(*flat_args: Any, **params: Any) -> Sequence[Any]:
+    """A DMA start or wait with a ``pl.select_ref`` operand (Mosaic takes the choice in DMAs
+    only): the DMA on the chosen ref. The interpreter reads the choice's transform as an index
+    of a single ref and fails."""
+    primitive = params.pop("_primitive")
+    operands = list(params["tree"].unflatten(flat_args))
+    _bind_chosen(primitive, params, operands)
+    return []
+
+
+def _multiref_refusal(eqn: Any) -> NotSimulatedError | None:
+    """A ``pl.select_ref`` choice outside a DMA (Mosaic lowers it in DMAs only)."""
+    if eqn.primitive in (tpu_primitives.dma_start_p, tpu_primitives.dma_wait_p):
+        return None
+    for name in ("tree", "args_tree"):
+        tree = eqn.params.get(name)
+        if tree is None or getattr(tree, "num_leaves", None) != len(eqn.invars):
+            continue
+        if any(
+            _is_multiref(op)
+            for op in jax.tree.leaves(tree.unflatten(eqn.invars), is_leaf=_is_multiref)
+        ):
+            return _not_simulated(
+                f"pl.select_ref in {eqn.primitive.name}",
+                "Mosaic lowers a choice of refs in DMAs only (pltpu.async_copy / sync_copy and "
+                "their waits)",
+            )
+    return None
 
 
 def _index_vector(ref: Any) -> tuple[Any, Any] | None:
@@ -584,17 +676,138 @@ def _vector_memory_refusal(eqn: Any) -> UnsupportedOnChipError | None:
     )
 
 
-def _dma_refusal(eqn: Any) -> NotSimulatedError | None:
+class _MosaicValueError(UnsupportedOnChipError, ValueError):
+    """What Mosaic's lowering refuses with a ``ValueError``: code written for the chip (JAX's
+    tests) expects that type."""
+
+
+def _space(ref: Any) -> str | None:
+    """The memory space of a DMA operand (a ref or a view of one) as Mosaic's SparseCore lowering
+    names it in its errors ("HBM", "VMEM", ...); None where that depends on the kernel's core type
+    (DEFAULT), for ANY, and for a ``pl.select_ref`` choice: the checks that need it are skipped."""
+    if isinstance(ref, state_types.TransformedRef):
+        if any(type(t).__name__ == "MemorySpaceCastTransform" for t in ref.transforms):
+            return None
+        ref = ref.ref
+    aval = getattr(ref, "aval", None)
+    if not isinstance(aval, state_types.AbstractRef):
+        return None
+    space = aval.memory_space
+    space = getattr(space, "memory_space", space)  # a core memory space: the one it wraps
+    if space is None:  # unset: HBM on a SparseCore (core.py memory_space_to_tpu_memory_space)
+        return "HBM"
+    return space.name if isinstance(space, tpu_core.MemorySpace) else None
+
+
+def _offsets_check(index: Any) -> tuple[bool, str | None]:
+    """(whether Mosaic takes ``index``, an indexer's first, as the offsets of an indexed DMA,
+    its refusal of them or None): sc_lowering.py ``_extract_indirect_offsets_from_indices``."""
+    if isinstance(index, plsc.Indices):
+        index = index.values
+    if isinstance(index, state_types.TransformedRef):
+        if not isinstance(index.ref, jax_core.Var):
+            return False, None
+        if np.dtype(index.ref.aval.dtype) != np.dtype(np.int32):
+            return True, (
+                "Only int32 indices are supported by scatter/gather via `pltpu.async_copy` with "
+                "a dynamically-shaped indexer"
+            )
+        space = _space(index)
+    else:
+        aval: Any = getattr(index, "aval", None)
+        is_ref = isinstance(aval, state_types.AbstractRef)
+        if not is_ref and not (isinstance(aval, jax_core.ShapedArray) and aval.shape):
+            return False, None
+        if len(aval.shape) != 1:
+            return True, (
+                "Only 1D indices are supported by scatter/gather via `pltpu.async_copy` on "
+                f"SparseCore, got rank {len(aval.shape)}"
+            )
+        space = _space(index) if is_ref else "VMEM"
+    if space is not None and space != "VMEM":
+        return True, (
+            f"Indices for scatter/gather via `pltpu.async_copy` must be in VMEM, got {space}"
+        )
+    return True, None
+
+
+def _has_offsets(ref: Any) -> tuple[bool, str | None]:
+    """(whether an indexer of ``ref`` gives an indexed DMA's offsets, Mosaic's refusal of them
+    or None), as sc_lowering.py ``_has_indirect_offsets`` checks a DMA operand."""
+    if not isinstance(ref, state_types.TransformedRef) or _is_multiref(ref):
+        return False, None
+    found = False
+    for t in ref.transforms:
+        if isinstance(t, indexing.NDIndexer) and t.indices:
+            offsets, refused = _offsets_check(t.indices[0])
+            if refused is not None:
+                return True, refused
+            found = found or offsets
+    return found, None
+
+
+def _mosaic_dma_refusal(src: Any, dst: Any) -> UnsupportedOnChipError | None:
+    """Mosaic's refusal of a DMA indexed by a vector, in its order (sc_lowering.py
+    ``_prepare_dma_refs``, the same in jax 0.10.2 to 0.12.0.1): a gather runs from HBM or
+    VMEM_SHARED into VMEM with only the source indexed, a scatter from VMEM into HBM or
+    VMEM_SHARED with only the destination indexed, the indices a 1-D vector in VMEM."""
+    src_space, dst_space = _space(src), _space(dst)
+    gather = src_space in ("HBM", "VMEM_SHARED") and dst_space == "VMEM"
+    scatter = src_space == "VMEM" and dst_space in ("HBM", "VMEM_SHARED")
+    message: str | None = None
+    value_error = False
+    if gather or scatter:
+        other, indexed = (dst, src) if gather else (src, dst)
+        found, message = _has_offsets(other)
+        if message is None and found:
+            role, kind = ("source", "gather") if gather else ("destination", "scatter")
+            message = (
+                f"Only the {role} ref can be indexed when doing a {kind} via `pltpu.async_copy`"
+            )
+            value_error = True
+        if message is None:
+            _, message = _has_offsets(indexed)
+    else:
+        src_found, message = _has_offsets(src)
+        dst_found = False
+        if message is None and not src_found:
+            dst_found, message = _has_offsets(dst)
+        known = src_space is not None and dst_space is not None
+        if message is None and (src_found or dst_found) and known:
+            message = (
+                f"Scatter/gather via `pltpu.async_copy` from {src_space} to {dst_space} is not "
+                "supported"
+            )
+    if message is None:
+        return None
+    from coremesh.testing.sim.chip import current_name
+
+    error = _MosaicValueError if value_error else UnsupportedOnChipError
+    return error(
+        f"an indexed DMA: {message}",
+        rule="Mosaic's SparseCore lowering of an indexed DMA (sc_lowering.py) refuses this: it "
+        "gathers from HBM or VMEM_SHARED into VMEM and scatters from VMEM into HBM or "
+        "VMEM_SHARED, by a 1-D vector of int32 indices held in VMEM",
+        chip=current_name(),
+        fix="copy the table or the indices to VMEM first (pltpu.sync_copy), index one side only, "
+        "and give the indices as one row (idx_ref.at[i])",
+    )
+
+
+def _dma_refusal(eqn: Any) -> CoremeshError | None:
     """The error for a DMA the simulator cannot run, else None. An indexed DMA that Mosaic
     refuses raises Mosaic's coremesh error here instead."""
     if eqn.primitive is not tpu_primitives.dma_start_p:
         return None
+    src, dst, *_ = eqn.params["tree"].unflatten(eqn.invars)
+    mosaic = _mosaic_dma_refusal(src, dst)
+    if mosaic is not None:
+        return mosaic
     if eqn.params.get("add"):
         return _not_simulated(
             "a DMA with add=True",
             "jax's TPU interpreter ignores add and overwrites the destination",
         )
-    src, dst, *_ = eqn.params["tree"].unflatten(eqn.invars)
     try:
         indexed = _indexed_side(src, dst)
     except NotSimulatedError as err:
@@ -630,32 +843,206 @@ def _row_view(view: Any, indexer: Any, row: Any) -> Any:
     return view.at[(pl.ds(row, 1), *indexer.indices[1:])]
 
 
+def _row_of(ref: Any, k: Any) -> Any:
+    """``ref.at[pl.ds(k, 1)]``, also for a view whose first dim is a slice of a size known only
+    when the kernel runs (``ref.at[pl.ds(0, n)]``, ``n`` traced), which ``.at`` cannot index."""
+    transforms = tuple(ref.transforms) if isinstance(ref, state_types.TransformedRef) else ()
+    last = transforms[-1] if transforms else None
+    if not isinstance(last, indexing.NDIndexer):
+        return ref.at[pl.ds(k, 1)]
+    slices = [i for i, index in enumerate(last.indices) if isinstance(index, indexing.Slice)]
+    sizes = [last.indices[i].size for i in slices]
+    if all(isinstance(size, int) for size in sizes):
+        return ref.at[pl.ds(k, 1)]
+    if not slices or not all(isinstance(size, int) for size in sizes[1:]):
+        raise _not_simulated(
+            f"an indexed DMA with the view {last}",
+            "only a view whose first dim alone has a size known at run time is simulated",
+        )
+    first = last.indices[slices[0]]
+    indices = list(last.indices)
+    indices[slices[0]] = indexing.Slice(first.start + k * first.stride, 1, 1)
+    row = indexing.NDIndexer.from_indices_shape(tuple(indices), last.shape)
+    return state_types.TransformedRef(ref.ref, (*transforms[:-1], row))
+
+
+def _dynamic_rows(ref: Any) -> Any | None:
+    """The number of rows of a DMA operand whose first dim has a size known only when the kernel
+    runs (``table.at[idx_ref.at[pl.ds(0, n)]]``, ``ref.at[pl.ds(0, n)]``), else None."""
+    if not isinstance(ref, state_types.TransformedRef) or _is_multiref(ref) or not ref.transforms:
+        return None
+    last = ref.transforms[-1]
+    if not isinstance(last, indexing.NDIndexer):
+        return None
+    if last.int_indexer_shape:
+        count = last.int_indexer_shape[0]
+        return None if isinstance(count, int) else count
+    sizes = [i.size for i in last.indices if isinstance(i, indexing.Slice)]
+    if sizes and not isinstance(sizes[0], int) and all(isinstance(n, int) for n in sizes[1:]):
+        return sizes[0]
+    return None
+
+
+def _first_row(ref: Any) -> Any:
+    vector = _index_vector(ref)
+    if vector is not None:
+        return _row_view(*vector, 0)
+    return _row_of(ref, 0)
+
+
+def _rows_wait(*flat_args: Any, tree: Any, **params: Any) -> Sequence[Any]:
+    """The wait of a DMA of a number of rows known only when the kernel runs, as one wait per
+    row. The interpreter sizes a wait by its source's type, which jax 0.10.2 cannot build with a
+    traced dim ("Shapes must be 1D sequences of concrete values of integer type")."""
+    src, dst, sem, src_sem, device_id = tree.unflatten(flat_args)
+    count = _dynamic_rows(src)
+    src = _first_row(src)
+    if _dynamic_rows(dst) is not None:
+        dst = _first_row(dst)
+
+    def one(_k: Any, carry: Any) -> Any:
+        flat, t = tpu_primitives._dma_flatten(src, dst, sem, src_sem, device_id)
+        tpu_primitives.dma_wait_p.bind(*flat, tree=t, **params)
+        return carry
+
+    lax.fori_loop(jnp.int32(0), jnp.asarray(count, jnp.int32), one, 0)
+    return []
+
+
 def _indexed_copy(
     *flat_args: Any, tree: Any, device_id_type: Any, priority: int, add: bool
 ) -> Sequence[Any]:
-    """An indexed DMA as one row DMA per index, all on the DMA's semaphores."""
+    """An indexed DMA as one row DMA per index, all on the DMA's semaphores. With a number of
+    indices known only at run time (an index view ``idx_ref.at[pl.ds(0, n)]``), each index is
+    read in its turn, as the rows are copied."""
     src, dst, dst_sem, src_sem, device_id = tree.unflatten(flat_args)
     indexed = _indexed_side(src, dst)
     assert indexed is not None  # _rule chose this rule for an indexed DMA
     view, indexer, gathers = indexed
-    rows = indexer.indices[0][...]
+    index = indexer.indices[0]
+    count = indexer.int_indexer_shape[0]
     what = "an indexed DMA " + ("source" if gathers else "destination")
-    _checked(what, (view.shape[0],), [rows], None)
+    rows = None
+    if isinstance(count, int):
+        rows = index[...]
+        _checked(what, (view.shape[0],), [rows], None)
 
     def one(k: Any, carry: Any) -> Any:
-        row = rows[k]
-        if gathers:
-            s, d = _row_view(view, indexer, row), dst.at[pl.ds(k, 1)]
+        if rows is not None:
+            row = rows[k]
         else:
-            s, d = src.at[pl.ds(k, 1)], _row_view(view, indexer, row)
+            row = _row_of(index, k)[...][0]
+            _checked(what, (view.shape[0],), [row[None]], None)
+        if gathers:
+            s, d = _row_view(view, indexer, row), _row_of(dst, k)
+        else:
+            s, d = _row_of(src, k), _row_view(view, indexer, row)
         flat, t = tpu_primitives._dma_flatten(s, d, dst_sem, src_sem, device_id)
         tpu_primitives.dma_start_p.bind(
             *flat, tree=t, device_id_type=device_id_type, priority=priority, add=add
         )
         return carry
 
-    lax.fori_loop(0, rows.shape[0], one, 0)
+    lax.fori_loop(jnp.int32(0), jnp.asarray(count, jnp.int32), one, 0)
     return []
+
+
+# ------------------------------------------------------------------------------------------
+# Memory spaces tied to the kernel's own mesh
+# ------------------------------------------------------------------------------------------
+
+_ClosedJaxpr = getattr(jax_core, "ClosedJaxpr", None)  # merged into Jaxpr after jax 0.10
+
+
+def _own_space(aval: Any, core_type: Any) -> Any:
+    space = getattr(aval, "memory_space", None)
+    if not isinstance(space, pallas_core.CoreMemorySpace):
+        return aval
+    if space.mesh.core_type is not core_type:
+        raise _not_simulated(
+            f"a ref in {space} in a kernel on a {core_type.name} mesh",
+            "a ref in another core type's memory (a TensorCore semaphore a SparseCore kernel "
+            "signals) is not modelled",
+        )
+    return aval.update(memory_space=space.memory_space)
+
+
+def _has_core_spaces(jaxpr: Any) -> bool:
+    if _ClosedJaxpr is not None and isinstance(jaxpr, _ClosedJaxpr):
+        jaxpr = jaxpr.jaxpr
+    atoms = [*jaxpr.constvars, *jaxpr.invars]
+    for eqn in jaxpr.eqns:
+        atoms += eqn.outvars
+        if any(_has_core_spaces(sub) for sub in _sub_jaxprs(eqn.params)):
+            return True
+    return any(
+        isinstance(getattr(v.aval, "memory_space", None), pallas_core.CoreMemorySpace)
+        for v in atoms
+    )
+
+
+def _sub_jaxprs(params: dict[str, Any]) -> list[Any]:
+    found: list[Any] = []
+    for p in params.values():
+        for item in p if isinstance(p, tuple | list) else (p,):
+            if isinstance(item, jax_core.Jaxpr) or (
+                _ClosedJaxpr is not None and isinstance(item, _ClosedJaxpr)
+            ):
+                found.append(item)
+    return found
+
+
+def _swap_avals(jaxpr: Any, fix: Callable[[Any], Any]) -> Any:
+    """``jaxpr`` (closed or not) with every variable's aval ``fix(aval)``, inner jaxprs
+    included."""
+    if _ClosedJaxpr is not None and isinstance(jaxpr, _ClosedJaxpr):
+        return jaxpr.replace(jaxpr=_swap_avals(jaxpr.jaxpr, fix))
+    new_vars: dict[Any, Any] = {}
+
+    def var(v: Any) -> Any:
+        if isinstance(v, jax_core.Literal):
+            return v
+        if v not in new_vars:
+            aval = fix(v.aval)
+            new_vars[v] = v if aval is v.aval else type(v)(aval)
+        return new_vars[v]
+
+    def param(p: Any) -> Any:
+        if isinstance(p, tuple | list):
+            return type(p)(param(item) for item in p)
+        if isinstance(p, jax_core.Jaxpr) or (
+            _ClosedJaxpr is not None and isinstance(p, _ClosedJaxpr)
+        ):
+            return _swap_avals(p, fix)
+        return p
+
+    fields: dict[str, Any] = {
+        "constvars": [var(v) for v in jaxpr.constvars],
+        "invars": [var(v) for v in jaxpr.invars],
+    }
+    eqns = [
+        eqn.replace(
+            invars=[var(v) for v in eqn.invars],
+            outvars=[var(v) for v in eqn.outvars],
+            params={k: param(p) for k, p in eqn.params.items()},
+        )
+        for eqn in jaxpr.eqns
+    ]
+    if getattr(jaxpr, "consts", None):
+        fields["consts"] = jaxpr.consts
+    return jaxpr.replace(**fields, outvars=[var(v) for v in jaxpr.outvars], eqns=eqns)
+
+
+def own_memory_spaces(jaxpr: Any, mesh: Any) -> Any:
+    """``jaxpr`` (a kernel body on ``mesh``) with each memory space tied to the kernel's own
+    mesh (``pltpu.VMEM(shape, dtype) @ mesh``) replaced by the one it wraps, as Mosaic reads it
+    (core.py ``memory_space_to_tpu_memory_space``: the wrapped space when the mesh's core type
+    is the kernel's). The interpreter's tables hold plain memory spaces only (``KeyError:
+    VMEM@SC_VECTOR_SUBCORE``). A ref tied to another core type is refused."""
+    core_type = getattr(mesh, "core_type", None)
+    if core_type is None or not _has_core_spaces(jaxpr):
+        return jaxpr
+    return _swap_avals(jaxpr, functools.partial(_own_space, core_type=core_type))
 
 
 # ------------------------------------------------------------------------------------------
@@ -678,6 +1065,7 @@ def rewrite(jaxpr: Any, axis_env: Sequence[tuple[Any, int]]) -> tuple[Any, list[
     for eqn in jaxpr.eqns:
         err = (
             refusal(eqn.primitive)
+            or _multiref_refusal(eqn)
             or _dma_refusal(eqn)
             or _cumsum_refusal(eqn)
             or _vector_memory_refusal(eqn)

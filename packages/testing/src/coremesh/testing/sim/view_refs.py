@@ -14,8 +14,9 @@ is refused by name ("not simulated"), never read or written in part.
 ``ref.bitcast(dtype)`` reinterprets the bits along the second-minor axis, as Mosaic lays packed
 types out and as jax discharges it (``jax._src.state.utils.bitcast``: ``k`` consecutive narrow
 rows make one wide row, the first in the lowest bits). An access through it runs on the buffer
-elements under it, whole along that axis (an index there after the bitcast is refused), and a
-load converts them, a store converts back; sub-byte types included (int4 is held one per byte).
+elements under it (an index on that axis picks whole buffer rows: any index when the width
+is kept, whole groups of packed rows when it changes; another is refused), and a load converts
+them, a store converts back; sub-byte types included (int4 is held one per byte).
 """
 
 from __future__ import annotations
@@ -211,13 +212,17 @@ def _bitcast_plan(
     index = _full(tuple(view), utils.to_range(post))
     box: list[tuple[int, int, int]] = []
     squeeze: list[int] = []
-    for j, (count, sel) in enumerate(zip(view, index, strict=True)):
-        if j == len(view) - 2:
-            if isinstance(sel, int) or (sel.start, sel.stop, sel.step or 1) != (0, count, 1):
+    for j, sel in enumerate(index):
+        if j == len(view) - 2 and _width(src) != _width(dst):
+            rows = _bitcast_rows(sel, _width(src), _width(dst))
+            if rows is None:
                 raise NotImplementedError(
-                    "not simulated: an index on the second-minor axis after ref.bitcast"
+                    "not simulated: an index on the second-minor axis after a ref.bitcast that "
+                    "changes the width, other than whole groups of packed rows"
                 )
-            box.append((0, region[j], 1))
+            box.append(rows)
+            if isinstance(sel, int):
+                squeeze.append(j)
         elif isinstance(sel, int):
             box.append((sel, 1, 1))
             squeeze.append(j)
@@ -242,6 +247,26 @@ def _bitcast_plan(
 
     same_width = _width(src) == _width(dst)
     return _Plan(indexer, to_view, to_box, mask_to_box if same_width else None)
+
+
+def _bitcast_rows(sel: Any, src_bits: int, dst_bits: int) -> tuple[int, int, int] | None:
+    """The buffer rows (start, count, step) under the rows ``sel`` (an int or a slice) picks on
+    the second-minor axis of a bitcast view that changes the width; None when they are not
+    whole buffer rows (part of a wide row) or not contiguous."""
+    step = 1 if isinstance(sel, int) else (sel.step or 1)
+    if isinstance(sel, int):
+        start, n = sel, 1
+    else:
+        start, n = sel.start, len(range(sel.start, sel.stop, step))
+    if step != 1:
+        return None
+    if src_bits < dst_bits:  # k narrow buffer rows make one view row
+        k = dst_bits // src_bits
+        return (start * k, n * k, 1)
+    q = src_bits // dst_bits  # one wide buffer row makes q view rows
+    if isinstance(sel, int) or start % q or n % q:
+        return None
+    return (start // q, n // q, 1)
 
 
 def _width(dtype: Any) -> int:
