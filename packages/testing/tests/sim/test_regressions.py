@@ -23,6 +23,7 @@ from coremesh.testing.guide import PROGRAMS
 from coremesh.testing.plugin import Pending, launch
 from coremesh.testing.sim import (
     PATCH_NAMES,
+    NotSimulatedError,
     SimulationDeadlock,
     SimulationRaceError,
     Simulator,
@@ -118,6 +119,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "simulated_chip",
         "host_devices",
         "io_callback_host_copy",
+        "partial_manual_refusal",
         "intercore",
         "signal_core",
         "sparsecore_axes",
@@ -248,6 +250,40 @@ def test_callbacks_run_outside_the_callers_mesh() -> None:
 
             got = np.asarray(inner(x))
     np.testing.assert_array_equal(got, np.arange(128 * 128, dtype=np.float32).reshape(128, 128))
+
+
+# partial_manual_refusal -------------------------------------------------------------------
+
+
+def partly_manual_copy(sim: Simulator) -> Any:
+    """A kernel under a shard_map over axis x of an (x, y) mesh: y stays automatic."""
+    from jax.sharding import PartitionSpec as P
+
+    def copy(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref[...]
+
+    auto = jax.sharding.AxisType.Auto
+    mesh = jax.make_mesh((2, 2), ("x", "y"), devices=sim.devices, axis_types=(auto, auto))
+    return jax.jit(
+        jax.shard_map(
+            lambda x: pl.pallas_call(copy, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x),
+            mesh=mesh,
+            in_specs=P("x"),
+            out_specs=P("x"),
+            axis_names={"x"},
+            check_vma=False,
+        )
+    )
+
+
+def test_partial_manual_refusal() -> None:
+    x = jnp.zeros((16, 128), jnp.float32)
+    stock = pytest.raises(NotImplementedError, match="all mesh axes are partitioned manually")
+    with simulate("v5e", 4, disable_patches=["partial_manual_refusal"]) as sim, stock:
+        partly_manual_copy(sim)(x)
+    refused = pytest.raises(NotSimulatedError, match=r"mesh axes \['y'\] are automatic")
+    with simulate("v5e", 4) as sim, refused:
+        partly_manual_copy(sim)(x)
 
 
 # intercore --------------------------------------------------------------------------------

@@ -230,6 +230,34 @@ def _host_devices_targets() -> list[tuple[Any, str, Any]]:
     return out
 
 
+def _partial_manual_targets() -> list[tuple[Any, str, Any]]:
+    from jax._src import callback
+
+    orig = callback._callback_op_sharding
+
+    def op_sharding(axis_context: Any, sharding: Any, avals_out: Any) -> Any:
+        try:
+            return orig(axis_context, sharding, avals_out)
+        except NotImplementedError as err:
+            if "partitioned manually" not in str(err):
+                raise
+            mesh = axis_context.mesh
+            auto = [n for n in mesh.axis_names if n not in axis_context.manual_axes]
+            raise NotSimulatedError(
+                f"a kernel where mesh axes {auto} are automatic (a partly manual SPMD "
+                "computation, e.g. vmap of a shard_map over one axis) cannot run on the simulator",
+                rule="the simulator runs a kernel as host callbacks, which XLA places per device "
+                "only when every mesh axis is manual (jax: 'callbacks are only supported in spmd "
+                "computations when all mesh axes are partitioned manually'); on a TPU the kernel "
+                "is a custom call the partitioner shards",
+                chip=current().name,
+                fix="make every mesh axis manual around the kernel (jax.shard_map over all of "
+                "them), or check the program with the compile-only target (coremesh.testing.aot)",
+            ) from None
+
+    return [(callback, "_callback_op_sharding", op_sharding)]
+
+
 def _io_callback_targets() -> list[tuple[Any, str, Any]]:
     from jax._src import callback, config, sharding_impls, tree_util
     from jax._src import mesh as mesh_lib
@@ -1011,6 +1039,13 @@ PATCHES: tuple[Patch, ...] = (
         "io_callback's device_put (callback.py:434) deadlocks with >1 host device and operands "
         "over ~100 KiB",
         _io_callback_targets,
+    ),
+    Patch(
+        "partial_manual_refusal",
+        "a kernel in a partly manual SPMD computation (vmap of a shard_map over one axis of an "
+        "Explicit mesh) fails in lowering with jax's NotImplementedError for callbacks "
+        "(callback.py _callback_op_sharding), which names neither the kernel nor a way out",
+        _partial_manual_targets,
     ),
     Patch(
         "intercore",
