@@ -147,3 +147,29 @@ def test_view_refs_stock_bitcast() -> None:
         simulate("v5e", 1, disable_patches=["view_refs"]) as sim,
     ):
         sim.run(call, jnp.zeros((2, 256), jnp.int16))
+
+
+def test_a_strided_load_through_a_reshape_and_a_bitcast() -> None:
+    """ragged_paged_attention's strided_load_kv for bfloat16: K and V rows interleaved, read as
+    32-bit words through a reshaped view (the row of K in the low half of each word)."""
+    x = (np.arange(4 * 16 * 128) % 251 - 125).astype(np.int16).reshape(4, 16, 128)
+
+    def body(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref.reshape(64, 128).bitcast(jnp.int32)[1::4, :]
+
+    call = pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.int32))
+    with simulate("v5e", 1) as sim:
+        got = np.asarray(sim.run(call, jnp.asarray(x)))
+    np.testing.assert_array_equal(got, words(x.reshape(64, 128), 16)[1::4])
+
+
+def test_a_store_through_a_reshape_and_a_bitcast_is_refused_by_name() -> None:
+    def body(x_ref: Any, o_ref: Any) -> None:
+        o_ref.reshape(8, 128).bitcast(jnp.int32)[...] = x_ref[...]
+
+    call = pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct((2, 4, 128), jnp.int16))
+    with (
+        pytest.raises(SimulationFault, match=r"not simulated: a store through ref\.reshape"),
+        simulate("v5e", 1) as sim,
+    ):
+        sim.run(call, jnp.zeros((4, 128), jnp.int32))

@@ -160,6 +160,12 @@ def _plan(transforms: Any, buffer: Callable[[], tuple[tuple[int, ...], Any]]) ->
     axes = _full(shape, utils.to_range(pre))
     if _kind(transforms[first]) == "bitcast":
         return _bitcast_plan(shape, axes, transforms[first], transforms[first + 1 :], buffer)
+    later = [j for j in range(first + 1, len(transforms)) if _kind(transforms[j]) == "bitcast"]
+    if later:
+        j = later[0]
+        return _view_bitcast_plan(
+            shape, axes, transforms[first:j], transforms[j], transforms[j + 1 :], buffer
+        )
     kept = [a for a in axes if not isinstance(a, int)]
     region = tuple(len(range(a.start, a.stop, a.step or 1)) for a in kept)
     box, pos, view_shape = _box(region, _describe(transforms[first:]))
@@ -247,6 +253,47 @@ def _bitcast_plan(
 
     same_width = _width(src) == _width(dst)
     return _Plan(indexer, to_view, to_box, mask_to_box if same_width else None)
+
+
+def _view_bitcast_plan(
+    shape: tuple[int, ...],
+    axes: list[Any],
+    view: tuple[Any, ...],
+    bitcast: Any,
+    post: tuple[Any, ...],
+    buffer: Callable[[], tuple[tuple[int, ...], Any]],
+) -> _Plan:
+    """A load through ref.reshape / transpose, then ref.bitcast, then indices (JAX's ragged
+    paged attention's strided K/V loads): the view's box is read whole, bitcast as the view,
+    and indexed. A store this way is refused (a narrow store into packed words would be a
+    read-modify-write the view does not say)."""
+    from jax._src.pallas.mosaic.interpret import utils
+
+    if any(_kind(t) != "index" for t in post):
+        raise NotImplementedError(
+            "not simulated: ref.reshape / transpose / a second bitcast after ref.bitcast"
+        )
+    src, dst = np.dtype(buffer()[1]), np.dtype(bitcast.dtype)
+    kept = [a for a in axes if not isinstance(a, int)]
+    region = tuple(len(range(a.start, a.stop, a.step or 1)) for a in kept)
+    box, pos, view_shape = _box(region, _describe(view))
+    if len(view_shape) < 2 and _width(src) != _width(dst):
+        raise NotImplementedError("not simulated: a bitcast of a 1-D ref that changes the width")
+    indexer = _indexer(shape, axes, iter(box))
+    cast_shape = list(view_shape)
+    if len(cast_shape) >= 2:
+        cast_shape[-2] = cast_shape[-2] * _width(src) // _width(dst)
+    picks = tuple(_full(tuple(cast_shape), utils.to_range(post)))
+
+    def to_view(b: np.ndarray) -> np.ndarray:
+        return _np_bitcast(_picked(b, pos, view_shape), dst)[picks]
+
+    def to_box(v: np.ndarray) -> np.ndarray:
+        raise NotImplementedError(
+            "not simulated: a store through ref.reshape / transpose and then ref.bitcast"
+        )
+
+    return _Plan(indexer, to_view, to_box, None)
 
 
 def _bitcast_rows(sel: Any, src_bits: int, dst_bits: int) -> tuple[int, int, int] | None:
