@@ -286,7 +286,7 @@ def _view_bitcast_plan(
     picks = tuple(_full(tuple(cast_shape), utils.to_range(post)))
 
     def to_view(b: np.ndarray) -> np.ndarray:
-        return _np_bitcast(_picked(b, pos, view_shape), dst)[picks]
+        return np.asarray(_np_bitcast(_picked(b, pos, view_shape), dst)[picks])
 
     def to_box(v: np.ndarray) -> np.ndarray:
         raise NotImplementedError(
