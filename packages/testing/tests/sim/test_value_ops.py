@@ -126,3 +126,27 @@ def test_value_ops_stock() -> None:
         NotSimulatedError, match="'unpack_elementwise' in this kernel is not simulated"
     ):
         run(body, jnp.int32, x, chip="v5p", stock=True)
+
+
+def traced(x_ref: Any, o_ref: Any) -> None:
+    pltpu.trace_value("first_row_sum", jnp.sum(x_ref[0, :]))
+    o_ref[...] = x_ref[...] * 2
+
+
+@pytest.mark.parametrize("chip", ["v5e", "v5p"])
+def test_trace_value_leaves_the_result_alone(chip: str) -> None:
+    x = np.arange(8 * 128, dtype=np.float32).reshape(SHAPE)
+    np.testing.assert_array_equal(run(traced, jnp.float32, x, chip=chip), x * 2)
+
+
+def test_trace_value_stock() -> None:
+    """jax 0.12's interpreter drops trace_value itself; before, XLA:CPU has no rule for it."""
+    from coremesh.core import jax_versions
+    from coremesh.testing.sim.value_ops import TRACE_VALUE_INTERPRETED_SINCE
+
+    x = np.ones(SHAPE, np.float32)
+    if jax_versions.at_least(TRACE_VALUE_INTERPRETED_SINCE):
+        np.testing.assert_array_equal(run(traced, jnp.float32, x, stock=True), x * 2)
+    else:
+        with pytest.raises(NotImplementedError, match="'trace_value' not found for platform"):
+            run(traced, jnp.float32, x, stock=True)

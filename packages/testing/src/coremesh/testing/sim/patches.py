@@ -1107,7 +1107,8 @@ PATCHES: tuple[Patch, ...] = (
         "value_ops",
         "pltpu.pack_elementwise, unpack_elementwise and stochastic_round have no CPU lowering: "
         "the core's program fails to compile in a host callback ('MLIR translation rule for "
-        "primitive ... not found for platform cpu', a raw CpuCallback error)",
+        "primitive ... not found for platform cpu', a raw CpuCallback error); before jax 0.12 "
+        "so has pltpu.trace_value",
         _value_ops_targets,
     ),
     Patch(

@@ -16,7 +16,9 @@ so they compute what their docstrings (``jax._src.pallas.mosaic.primitives``) sp
   ``x``, the upper with probability equal to ``x``'s distance from the lower over the gap, drawn
   from the top 24 of ``bits``; exact and non-finite values convert as ``astype`` does. The chip's
   own use of the random bits is not documented: the values it can return are the same, the
-  choice for given bits may differ.
+  choice for given bits may differ;
+* ``trace_value(label, value)`` (jax 0.10 and 0.11; 0.12's interpreter drops it itself): nothing.
+  It puts the value in the profiler's trace, which the simulator does not produce.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 import jax.numpy as jnp
 from jax import lax
 
+from coremesh.core import jax_versions
 from coremesh.testing.sim.inline import Rule
 
 
@@ -94,8 +97,17 @@ def _stochastic_round(x: Any, bits: Any, *, target_dtype: Any) -> Sequence[Any]:
     return [jnp.where(jnp.isfinite(x) & jnp.isfinite(wide), rounded, nearest)]
 
 
+#: The jax release whose interpreter drops ``pltpu.trace_value`` itself.
+TRACE_VALUE_INTERPRETED_SINCE = "0.12.0"
+
+
+def _trace_value(value: Any, *, label: str) -> Sequence[Any]:
+    del value, label  # it annotates the profiler's trace, which the simulator does not make
+    return []
+
+
 def rules() -> dict[Any, Rule]:
-    """Each primitive with its rule (all three exist from jax 0.10.2 on)."""
+    """Each primitive with its rule (all exist from jax 0.10.2 on)."""
     from jax._src.pallas.mosaic import primitives as tpu
 
     named: dict[str, Rule] = {
@@ -103,6 +115,8 @@ def rules() -> dict[Any, Rule]:
         "unpack_elementwise_p": _unpack,
         "stochastic_round_p": _stochastic_round,
     }
+    if not jax_versions.at_least(TRACE_VALUE_INTERPRETED_SINCE):
+        named["trace_value_p"] = _trace_value
     return {getattr(tpu, n): r for n, r in named.items() if hasattr(tpu, n)}
 
 
