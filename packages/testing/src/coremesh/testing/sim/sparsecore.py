@@ -53,8 +53,8 @@ never silently wrong.
   the DMA starts; hardware reads them as it runs, so overwriting them before the wait is a bug
   the simulator does not see.
 * ``pl.select_ref(k, ...)`` as a DMA's source, destination or semaphore: a switch on ``k``
-  (Mosaic's nested ``scf.if``); an index past the refs raises; a choice outside a DMA is
-  refused.
+  (Mosaic's nested ``scf.if``: an index outside the first n-1 takes the last ref, as on the
+  chip); a choice outside a DMA is refused.
 * ``pltpu.VMEM(...) @ mesh`` (a memory space tied to the kernel's own mesh): the space it wraps
   (:func:`own_memory_spaces`); one tied to another core type is refused.
 * a DMA with ``add=True`` (the destination accumulates): refused. The interpreter ignores
@@ -501,9 +501,15 @@ def _multiref_operands(eqn: Any) -> list[Any] | None:
     return operands if any(_is_multiref(op) for op in operands) else None
 
 
-def _check_choice(n: int, idx: np.ndarray) -> None:
-    if not 0 <= int(idx) < n:
-        raise IndexError(f"pl.select_ref: index {int(idx)} chooses among {n} refs")
+def _choice(n: int, idx: Any) -> Any:
+    """The ref Mosaic's nested ``scf.if`` takes for index ``idx`` among ``n``: ``idx`` when it
+    is one of the first n-1, else the last (an index past the refs, or a negative one, falls
+    through every ``idx == 0`` test to the final else; JAX's test_select_ref picks among two
+    semaphores with indices 0 to 3)."""
+    if isinstance(idx, int | np.integer):
+        return int(idx) if 0 <= int(idx) < n - 1 else n - 1
+    index = jnp.asarray(idx, jnp.int32)
+    return jnp.where((index >= 0) & (index < n - 1), index, n - 1)
 
 
 def _bind_chosen(primitive: Any, params: dict[str, Any], operands: list[Any]) -> None:
@@ -525,14 +531,9 @@ def _bind_chosen(primitive: Any, params: dict[str, Any], operands: list[Any]) ->
         return run
 
     if isinstance(idx, int | np.integer):
-        _check_choice(len(options), np.asarray(idx))
-        branch(options[int(idx)])()
+        branch(options[_choice(len(options), idx)])()
         return
-    # Mosaic takes any index past the first n-1 as the last ref; the docstring says nothing
-    # of one out of range, so such an index raises.
-    _runtime_check(functools.partial(_check_choice, len(options)), idx)
-    index = jnp.clip(jnp.asarray(idx, jnp.int32), 0, len(options) - 1)
-    lax.switch(index, [branch(option) for option in options])
+    lax.switch(_choice(len(options), idx), [branch(option) for option in options])
 
 
 def _selected_dma(*flat_args: Any, **params: Any) -> Sequence[Any]:
