@@ -67,6 +67,33 @@ def test_the_check_can_be_turned_off() -> None:
         simulate(devices=1, check_uninitialized="yes")  # type: ignore[arg-type]
 
 
+def read_scoped_poison(of: Any, oi: Any, o8: Any, ob: Any) -> None:
+    def body(sf: Any, si: Any, s8: Any, sb: Any) -> None:
+        of[...] = sf[...]
+        oi[...] = si[...]
+        o8[...] = s8[...]
+        ob[...] = sb[...]
+
+    pl.run_scoped(
+        body, *(pltpu.VMEM((8, 128), d) for d in (jnp.float32, jnp.int32, jnp.int8, jnp.bool_))
+    )
+
+
+def test_scoped_scratch_under_poison_buffers_holds_mosaics_poison() -> None:
+    """JAX's test_poison_buffers: with jax_pallas_poison_buffers on, Mosaic stores the poison
+    into each buffer it allocates in the body (run_scoped, empty_ref), so reading it is no
+    unwritten read: NaN, the smallest integer, True. Poisoning off, the read is caught."""
+    dtypes = (jnp.float32, jnp.int32, jnp.int8, jnp.bool_)
+    out_shape = tuple(jax.ShapeDtypeStruct((8, 128), d) for d in dtypes)
+    with pl.enable_poison_buffers(True), simulate(devices=1):
+        outs = pl.pallas_call(read_scoped_poison, out_shape=out_shape)()
+        f32, i32, i8, b = (np.asarray(o) for o in outs)
+    assert np.isnan(f32).all()
+    assert (i32 == np.iinfo(np.int32).min).all() and (i8 == -128).all() and b.all()
+    with simulate(devices=1), pytest.raises(UninitializedReadError):
+        pl.pallas_call(read_scoped_poison, out_shape=out_shape)()
+
+
 def test_a_partly_written_range_reports_the_first_unwritten_element() -> None:
     with simulate(devices=1), pytest.raises(UninitializedReadError) as info:
         scratch_call(half_written, pltpu.VMEM((8, 128), jnp.float32))(XS)
