@@ -138,6 +138,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "made_outside",  # test_uninitialized.py
         "uninitialized_reads",  # test_uninitialized.py
         "poison_buffers",
+        "grid_bound_arrays",
         "fast_path",  # test_fast_path.py
         "scoped_refs",  # test_scoped_refs.py
         "view_refs",  # test_ref_views.py
@@ -770,3 +771,35 @@ def test_poison_buffers(dtype: Any) -> None:
     assert (fixed[4:] == lowest).all()  # Mosaic's poison: what JAX's test_poison_buffers expects
     with simulate("v5p", 1):  # poisoning off: the fill stays the interpreter's
         assert (np.asarray(jax.jit(half_copied(dtype))(x))[4:] == highest).all()
+
+
+# grid_bound_arrays ------------------------------------------------------------------------
+
+
+def count_steps(n: Any) -> Any:
+    """JAX's test_dynamic_grid_with_smem_output: a grid sized by ``n`` counts its own steps."""
+
+    def body(_: Any, o_ref: Any) -> None:
+        o_ref[0] = jax.lax.cond(pl.program_id(0) == 0, lambda: 1, lambda: o_ref[0] + 1)
+
+    return pl.pallas_call(
+        body,
+        out_shape=pltpu.SMEM((1,), jnp.int32),
+        grid_spec=pl.GridSpec(
+            grid=(n,),
+            in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
+            out_specs=pl.BlockSpec(memory_space=pltpu.SMEM),
+        ),
+    )(n)
+
+
+def test_grid_bound_arrays() -> None:
+    n = jnp.array([5], jnp.int32)  # a grid size of shape (1,)
+    with (
+        simulate("v5p", 1, disable_patches=["grid_bound_arrays"]),
+        pytest.raises(TypeError, match="Pred must be a scalar"),
+    ):
+        jax.jit(count_steps)(n)
+    with simulate("v5p", 1):
+        np.testing.assert_array_equal(np.asarray(jax.jit(count_steps)(n)), [5])
+        np.testing.assert_array_equal(np.asarray(jax.jit(count_steps)(jnp.int32(3))), [3])

@@ -979,6 +979,27 @@ def _poison_buffers_targets() -> list[tuple[Any, str, Any]]:
     return [(utils, "get_uninitialized_value", get_uninitialized_value)]
 
 
+def _grid_bound_targets() -> list[tuple[Any, str, Any]]:
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    orig = ipc.interpret_pallas_call
+
+    def interpret_pallas_call(*args: Any, **kw: Any) -> Any:
+        # A grid size known at run time reaches the kernel as an operand of one element
+        # (pallas_call.py: "size-1 arrays"); Mosaic takes its one element as the bound
+        # whatever its shape (JAX's test_dynamic_grid_with_smem_output passes a (1,) array).
+        # The interpreter compares the grid index with it as it is: a (1,) bound fails with
+        # "Pred must be a scalar".
+        count = kw["grid_mapping"].num_dynamic_grid_bounds
+        args = tuple(
+            jnp.reshape(a, ()) if i < count and np.size(a) == 1 and np.ndim(a) > 0 else a
+            for i, a in enumerate(args)
+        )
+        return orig(*args, **kw)
+
+    return [(ipc, "interpret_pallas_call", interpret_pallas_call)]
+
+
 def _dma_clocks_targets() -> list[tuple[Any, str, Any]]:
     from coremesh.testing.sim import dma_clocks
 
@@ -1160,6 +1181,13 @@ PATCHES: tuple[Patch, ...] = (
         "needs them, newest first: shared_memory.py:197), so a kernel that relies on another "
         "order is never caught; simulate(schedule=...) chooses the order",
         _schedule_targets,
+    ),
+    Patch(
+        "grid_bound_arrays",
+        "a pallas_call grid size known at run time given as a (1,) array (the form pallas_call "
+        "passes it in, pallas_call.py '_pallas_call_batching_rule') fails in the interpreter's "
+        "grid loop with 'Pred must be a scalar' (interpret_pallas_call.py _execute_grid_for_core)",
+        _grid_bound_targets,
     ),
     Patch(
         "dma_clocks",
