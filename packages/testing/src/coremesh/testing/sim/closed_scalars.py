@@ -27,9 +27,9 @@ def _is_scalar(var: Any) -> bool:
 def targets() -> list[tuple[Any, str, Any]]:
     from jax._src.interpreters import mlir
     from jax._src.pallas import mpmd
-    from jax._src.pallas.mosaic import core as mosaic_core
     from jax._src.pallas.mosaic import pallas_call_registration as registration
-    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    from coremesh.testing.sim import operands
 
     orig = mpmd._mpmd_map_fallback_lowering
 
@@ -72,18 +72,9 @@ def targets() -> list[tuple[Any, str, Any]]:
             ctx.set_tokens_out(expanded.tokens_out)
         return out
 
-    remove = ipc.remove_memory_space_p
-    orig_eval = remove.abstract_eval
-
-    def remove_memory_space(x: Any, **kw: Any) -> Any:
-        # The interpreter strips an operand's memory space and refuses any but HBM / ANY
-        # (interpret_pallas_call.py _remove_memory_space_abstract_eval); the SMEM scalars
-        # above are copied into each core's SMEM from the BlockSpec, as any SMEM input is.
-        if isinstance(x, jax_core.ShapedArray) and x.memory_space is mosaic_core.MemorySpace.SMEM:
-            return jax_core.ShapedArray(x.shape, x.dtype), jax_core.no_effects
-        return orig_eval(x, **kw)
-
     return [
         (mpmd, "_mpmd_map_fallback_lowering", fallback_lowering),
-        (remove, "abstract_eval", remove_memory_space),
+        # The SMEM scalars above are copied into each core's SMEM from the BlockSpec, as any
+        # SMEM input is.
+        operands.stripped_memory_space("SMEM"),
     ]

@@ -310,11 +310,10 @@ def _hand_off(sm: Any, device_id: int, local_core_id: int, sem_id: int, value: i
 def targets() -> list[tuple[Any, str, Any]]:
     """The interpreter's kernel entry (the rewrite), its semaphore wait (the hand-off's landing)
     and, before jax 0.12, the semaphore dtype's conversion to and from its int32 counts."""
-    from jax._src import core as jax_core
     from jax._src.pallas import core as pallas_core
-    from jax._src.pallas.mosaic import core as mosaic_core
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
+    from coremesh.testing.sim import operands
     from coremesh.testing.sim.chip import current
 
     orig_call = ipc.interpret_pallas_call
@@ -345,24 +344,12 @@ def targets() -> list[tuple[Any, str, Any]]:
 
     semaphore_wait.__wrapped__ = getattr(orig_wait, "__wrapped__", orig_wait)  # type: ignore[attr-defined]
 
-    remove = ipc.remove_memory_space_p
-    orig_eval = remove.abstract_eval
-
-    def remove_memory_space(x: Any, **kw: Any) -> Any:
-        # A semaphore operand's handles keep its memory space (a ref made with
-        # memory_space=pltpu.SEMAPHORE), which the interpreter refuses to strip
-        # (interpret_pallas_call.py _remove_memory_space_abstract_eval).
-        if (
-            isinstance(x, jax_core.ShapedArray)
-            and x.memory_space is mosaic_core.MemorySpace.SEMAPHORE
-        ):
-            return jax_core.ShapedArray(x.shape, x.dtype), jax_core.no_effects
-        return orig_eval(x, **kw)
-
     out: list[tuple[Any, str, Any]] = [
         (ipc, "interpret_pallas_call", interpret_pallas_call),
         (ipc, "semaphore_wait", semaphore_wait),
-        (remove, "abstract_eval", remove_memory_space),
+        # A semaphore operand's handles keep its memory space (a ref made with
+        # memory_space=pltpu.SEMAPHORE).
+        operands.stripped_memory_space("SEMAPHORE"),
     ]
     rules = pallas_core.AbstractSemaphoreTyRules  # jax's own, whatever _rules holds now
     if not getattr(rules, "allow_conversion", False):

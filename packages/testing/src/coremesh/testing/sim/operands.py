@@ -65,6 +65,27 @@ def _is_semaphore(dtype: Any) -> bool:
     return bool(jax.dtypes.issubdtype(dtype, pallas_core.semaphore_dtype))
 
 
+def stripped_memory_space(space_name: str) -> tuple[Any, str, Any]:
+    """A patch target: the interpreter strips each operand's memory space before the kernel
+    and refuses any but HBM / ANY (interpret_pallas_call.py _remove_memory_space_abstract_eval);
+    this lets it strip ``space_name`` (a ``pltpu.MemorySpace`` member's name) too. Patches that
+    run operands of that space (SMEM scalars, arrays kept in VMEM, semaphore handles) use it."""
+    from jax._src import core as jax_core
+    from jax._src.pallas.mosaic import core as mosaic_core
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    space = getattr(mosaic_core.MemorySpace, space_name)
+    remove = ipc.remove_memory_space_p
+    orig = remove.abstract_eval
+
+    def abstract_eval(x: Any, **kw: Any) -> Any:
+        if isinstance(x, jax_core.ShapedArray) and x.memory_space is space:
+            return jax_core.ShapedArray(x.shape, x.dtype), jax_core.no_effects
+        return orig(x, **kw)
+
+    return (remove, "abstract_eval", abstract_eval)
+
+
 def check_call(values: Sequence[Any], jaxpr: Any, chip: str, *, sparsecore: bool = False) -> None:
     """Refuse an interpreted kernel (on SparseCores if ``sparsecore``) whose operands/results
     (``values``: arrays or avals) or body (``jaxpr``) Mosaic would not lower, or the interpreter

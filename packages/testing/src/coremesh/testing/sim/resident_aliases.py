@@ -90,26 +90,18 @@ def rewrite(kw: dict[str, Any]) -> dict[str, Any] | None:
 
 def targets() -> list[tuple[Any, str, Any]]:
     """The interpreter's kernel entry, and its memory-space strip for operands kept in VMEM."""
-    from jax._src import core as jax_core
-    from jax._src.pallas.mosaic import core as mosaic_core
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
+    from coremesh.testing.sim import operands
+
     orig_call = ipc.interpret_pallas_call
-    remove = ipc.remove_memory_space_p
-    orig_eval = remove.abstract_eval
 
     def interpret_pallas_call(*args: Any, **kw: Any) -> Any:
         return orig_call(*args, **(rewrite(kw) or kw))
 
-    def remove_memory_space(x: Any, **kw: Any) -> Any:
-        # The interpreter strips an operand's memory space and refuses any but HBM / ANY
-        # (interpret_pallas_call.py _remove_memory_space_abstract_eval); an operand kept in
-        # VMEM is copied into the kernel's VMEM from its block as any VMEM input is.
-        if isinstance(x, jax_core.ShapedArray) and x.memory_space is mosaic_core.MemorySpace.VMEM:
-            return jax_core.ShapedArray(x.shape, x.dtype), jax_core.no_effects
-        return orig_eval(x, **kw)
-
     return [
         (ipc, "interpret_pallas_call", interpret_pallas_call),
-        (remove, "abstract_eval", remove_memory_space),
+        # An operand kept in VMEM is copied into the kernel's VMEM from its block as any VMEM
+        # input is.
+        operands.stripped_memory_space("VMEM"),
     ]
