@@ -18,6 +18,16 @@ MESH_DATACLASS_SINCE = "0.11.0"
 JAXPR_CONSTS_SINCE = "0.11.0"
 
 
+def closed_jaxpr_class() -> Any:
+    """jax's ``ClosedJaxpr`` where it is a class of its own (jax 0.10), else None: from 0.11 a
+    ``Jaxpr`` carries its consts, and 0.11 keeps ``ClosedJaxpr`` as an alias of ``Jaxpr``
+    (whose ``.jaxpr`` is itself), which 0.12 drops."""
+    from jax._src import core as jax_core
+
+    closed = getattr(jax_core, "ClosedJaxpr", None)
+    return None if closed is None or closed is jax_core.Jaxpr else closed
+
+
 def tensorcore_mesh_default_cores() -> Any:
     """The closure cell of ``TensorCoreMesh.__init__`` that holds its ``num_cores`` default
     factory (a dataclass ``__init__`` binds the factory there, not as a module global), or None

@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from coremesh.core.errors import UnsupportedOnChipError
+from coremesh.testing.sim import compat
 from coremesh.testing.sim.errors import NotSimulatedError
 from coremesh.testing.sim.jaxprs import memory_space, sub_jaxprs
 
@@ -523,7 +524,7 @@ def _data_block(bm: Any, chip: str) -> Any:
         raise _not_simulated("in a block with transforms", chip)
     element = _element_shape(bm.array_aval.dtype)
     index_map = bm.index_map_jaxpr
-    closed = getattr(jax_core, "ClosedJaxpr", None)  # jax < 0.11: the index map is closed
+    closed = compat.closed_jaxpr_class()  # jax < 0.11: the index map is closed
     inner = index_map.jaxpr if closed is not None else index_map
     dtype = inner.outvars[0].aval.dtype if inner.outvars else np.dtype("int32")
     zero = jax_core.Literal(np.zeros((), dtype), jax_core.ShapedArray((), dtype))

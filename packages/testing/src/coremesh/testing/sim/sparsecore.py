@@ -88,7 +88,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu_sc as plsc
 
 from coremesh.core.errors import CoremeshError, UnsupportedOnChipError
-from coremesh.testing.sim import inline
+from coremesh.testing.sim import compat, inline
 from coremesh.testing.sim.errors import NotSimulatedError
 
 _Rule = inline.Rule
@@ -952,7 +952,7 @@ def _indexed_copy(
 # Memory spaces tied to the kernel's own mesh
 # ------------------------------------------------------------------------------------------
 
-_ClosedJaxpr = getattr(jax_core, "ClosedJaxpr", None)  # merged into Jaxpr after jax 0.10
+_ClosedJaxpr = compat.closed_jaxpr_class()  # merged into Jaxpr after jax 0.10
 
 
 def _own_space(aval: Any, core_type: Any) -> Any:
