@@ -404,11 +404,11 @@ def int_matmul(dtype: Any) -> Any:
     return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((32, 128), jnp.int32))
 
 
-def lowering_error(fn: Any, dtype: Any) -> str | None:
+def lowering_error(fn: Any, dtype: Any, shapes: list[tuple[int, ...]] | None = None) -> str | None:
     """jax's Mosaic lowering of ``fn`` for one v5p device: its NotImplementedError, or None."""
     from coremesh.testing.aot.topology import CompileTarget
 
-    args = (jax.ShapeDtypeStruct((32, 256), dtype), jax.ShapeDtypeStruct((256, 128), dtype))
+    args = tuple(jax.ShapeDtypeStruct(s, dtype) for s in (shapes or [(32, 256), (256, 128)]))
     with CompileTarget.for_chip("v5p", devices=1).activate():
         try:
             jax.jit(fn).trace(*args).lower().compile()
@@ -437,3 +437,55 @@ def test_an_unsigned_integer_matmul_is_refused_as_mosaic_refuses_it(dtype: Any) 
     head = f"Unsigned integer dtype {np.dtype(dtype)} is not supported for dot_general (matmul)"
     assert head in refused and head in str(info.value)
     assert "x.astype(jnp.int32)" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "op"),
+    [
+        ("dynamic_slice", lambda v: jax.lax.dynamic_slice_in_dim(v, 64, 8, 1)),
+        ("rev", lambda v: jnp.flip(v, 1)),
+        ("sort", lambda v: jnp.sort(v, axis=1)),
+    ],
+)
+def test_an_operation_mosaic_cannot_lower_is_refused_with_its_words(name: str, op: Any) -> None:
+    """JAX's test_lane_dynamic_slice expects the chip to refuse a dynamic slice of a value; the
+    interpreter computed it. jax's lowering for v5p says the same as the simulator."""
+    from coremesh.core.errors import UnsupportedOnChipError
+
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = jnp.zeros_like(o_ref)
+        o_ref[:, :8] = op(x_ref[...])[:, :8]
+
+    fn = pl.pallas_call(kernel, out_shape=X)
+    words = f"Unimplemented primitive in Pallas TPU lowering for tc: {name}"
+    refused = lowering_error(fn, jnp.float32, shapes=[(8, 128)])
+    assert refused is not None and words in refused
+    with simulate("v5p", 1), pytest.raises(UnsupportedOnChipError, match=words) as info:
+        jax.jit(fn)(np.arange(8 * 128, dtype=np.float32).reshape(8, 128))
+    assert isinstance(info.value, NotImplementedError)
+    with simulate("v5p", 1):  # what Mosaic lowers still runs: a static slice, a roll
+        got = jax.jit(
+            pl.pallas_call(
+                lambda x, o: o.__setitem__(..., pltpu.roll(x[...], 3, 1) + x[:, 0:1]), out_shape=X
+            )
+        )(np.arange(8 * 128, dtype=np.float32).reshape(8, 128))
+    x = np.arange(8 * 128, dtype=np.float32).reshape(8, 128)
+    np.testing.assert_array_equal(np.asarray(got), np.roll(x, 3, 1) + x[:, 0:1])
+
+
+def test_explicit_mxu_operations_are_refused_by_name() -> None:
+    """JAX's ExplicitMXUTest fifo kernels failed inside a host callback ('Cannot lower jaxpr
+    with effects: ... MXUEffect'): the interpreter has no model of the MXU's registers."""
+    from coremesh.testing.sim import NotSimulatedError
+
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        pltpu.matmul_push_rhs(x_ref[...], staging_register=0, mxu_index=0)
+        o_ref[...] = x_ref[...]
+
+    x = np.ones((128, 128), np.float32)
+    out_shape = jax.ShapeDtypeStruct((128, 128), jnp.float32)
+    with (
+        simulate("v5p", 1),
+        pytest.raises(NotSimulatedError, match="explicit MXU operation 'matmul_push_rhs'"),
+    ):
+        jax.jit(pl.pallas_call(kernel, out_shape=out_shape))(x)

@@ -12,6 +12,7 @@ device, :func:`check_kernel_end` reads the interpreter's semaphores. :func:`chec
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,10 +31,11 @@ from coremesh.testing.sim.deadlock import semaphore_description
 from coremesh.testing.sim.errors import (
     KernelCapacityError,
     MosaicRefusalError,
+    NotSimulatedError,
     UnfinishedKernelError,
 )
 from coremesh.testing.sim.faults import register_kernel, user_location
-from coremesh.testing.sim.jaxprs import all_eqns, memory_space
+from coremesh.testing.sim.jaxprs import all_eqns, memory_space, sub_jaxprs
 
 #: Host CPU devices the simulator runs at most. Each is one XLA CPU device with its own threads,
 #: and a simulated core blocked on a semaphore holds one: measured on a 2-CPU, 23 GiB machine,
@@ -108,7 +110,10 @@ def check_kernel(
         raise KernelCapacityError(
             err.what + listed, rule=err.rule, chip=err.chip, fix=err.fix
         ) from None
+    check_explicit_mxu(inner, label, chip.name)
     if not sparsecore:
+        if _tensorcore_kernel_type(compiler_params):
+            check_lowered_primitives(inner, label, chip.name)
         check_integer_ops(inner, label, chip.name)
         check_multicore_vmem_operands(inner, mesh, grid_mapping, label, chip.name)
     elif type(mesh).__name__ == "VectorSubcoreMesh":
@@ -131,6 +136,86 @@ def check_kernel(
                 "compiler_params=pltpu.CompilerParams(collective_id=0) to pl.kernel / "
                 "pl.pallas_call)",
             )
+
+
+def check_explicit_mxu(jaxpr: Any, label: str, chip: str) -> None:
+    """Refuse the explicit MXU operations (``pltpu.matmul_push_rhs``, ``matmul_acc_lhs``,
+    ``matmul_pop`` and their FIFO forms): they carry the MXU's state (staging registers,
+    accumulator addresses, FIFOs) between operations as an effect the interpreter has no rule
+    for, and a kernel using them failed inside a host callback ('Cannot lower jaxpr with
+    effects: ... MXUEffect')."""
+    for eqn in all_eqns(jaxpr):
+        if not any(type(e).__name__ == "MXUEffect" for e in getattr(eqn, "effects", ())):
+            continue
+        where = user_location(eqn.source_info)
+        raise NotSimulatedError(
+            f"{label}: the explicit MXU operation {eqn.primitive.name!r}"
+            + (f" (at {where})" if where else "")
+            + " is not simulated: the interpreter does not model the MXU's staging registers, "
+            "accumulators and FIFOs",
+            rule="the CPU simulator refuses what it cannot reproduce instead of returning a "
+            "result that may be wrong",
+            chip=chip,
+            fix="simulate the kernel with jnp.dot / lax.dot_general in place of the explicit "
+            "MXU operations, and check this one with the compile-only target "
+            "(coremesh.testing.aot) or on TPU hardware",
+        )
+
+
+def _tensorcore_kernel_type(compiler_params: Any) -> bool:
+    kernel_type = getattr(compiler_params, "kernel_type", None)
+    return kernel_type is None or getattr(kernel_type, "name", None) == "TC"
+
+
+@functools.cache
+def _lax_primitives() -> frozenset[Any]:
+    """The value primitives of ``jax.lax`` (elementwise, slicing, reductions, sorts, scans,
+    FFT, linear algebra): what a kernel body computes with, as opposed to Pallas' and state's
+    own primitives and the simulator's."""
+    import importlib
+
+    from jax._src import core as jax_core
+
+    found: set[Any] = set()
+    for name in (
+        "lax", "slicing", "windowed_reductions", "fft", "linalg", "special", "convolution",
+        "ann", "control_flow.loops",
+    ):  # fmt: skip
+        try:
+            module = importlib.import_module(f"jax._src.lax.{name}")
+        except ImportError:
+            continue
+        found.update(v for v in vars(module).values() if isinstance(v, jax_core.Primitive))
+    return frozenset(found)
+
+
+def check_lowered_primitives(jaxpr: Any, label: str, chip: str) -> None:
+    """Refuse a ``jax.lax`` operation Mosaic's TensorCore lowering has no rule for, with its
+    words (lowering.py ``jaxpr_subcomp``: "Unimplemented primitive in Pallas TPU lowering for
+    tc: ..."). The interpreter computes any of them in XLA:CPU; the chip's compiler refuses
+    ``dynamic_slice`` / ``dynamic_update_slice`` of a value, ``rev`` (``jnp.flip``), ``sort``,
+    ``cumsum`` and the rest without a rule in the installed jax (checked with libtpu for v5p,
+    jax 0.12.0.1: dynamic_slice, dynamic_update_slice, rev, sort). Loops, conditionals and other
+    operations holding jaxprs are looked into, not judged."""
+    from jax._src.pallas.mosaic import core as tpu_core
+    from jax._src.pallas.mosaic import lowering
+
+    rules = lowering.lowering_rules[tpu_core.CoreType.TC]
+    known = _lax_primitives()
+    for eqn in all_eqns(jaxpr):
+        if eqn.primitive in rules or eqn.primitive not in known or sub_jaxprs(eqn):
+            continue
+        where = user_location(eqn.source_info)
+        raise UnsupportedOnChipError(  # a NotImplementedError, as Mosaic's own
+            f"{label}: Unimplemented primitive in Pallas TPU lowering for tc: "
+            f"{eqn.primitive.name}" + (f" (at {where})" if where else ""),
+            rule="Mosaic compiles a TensorCore kernel only from operations its lowering has a "
+            "rule for; the interpreter would compute this one on the CPU",
+            chip=chip,
+            fix="express it with operations Mosaic lowers (static slices and ref indexing "
+            "with pl.ds instead of a dynamic slice of a value, pltpu.roll, reductions), or "
+            "move it out of the kernel",
+        )
 
 
 #: Integer operations Mosaic lowers to the scalar unit's ``arith`` ops (or ``cmpi``), which take
