@@ -160,15 +160,12 @@ def _plan(transforms: Any, buffer: Callable[[], tuple[tuple[int, ...], Any]]) ->
     axes = _full(shape, utils.to_range(pre))
     if _kind(transforms[first]) == "bitcast":
         return _bitcast_plan(shape, axes, transforms[first], transforms[first + 1 :], buffer)
-    later = [j for j in range(first + 1, len(transforms)) if _kind(transforms[j]) == "bitcast"]
-    if later:
-        j = later[0]
+    j = next((j for j in range(first + 1, len(transforms)) if _kind(transforms[j]) == "bitcast"), 0)
+    if j:
         return _view_bitcast_plan(
             shape, axes, transforms[first:j], transforms[j], transforms[j + 1 :], buffer
         )
-    kept = [a for a in axes if not isinstance(a, int)]
-    region = tuple(len(range(a.start, a.stop, a.step or 1)) for a in kept)
-    box, pos, view_shape = _box(region, _describe(transforms[first:]))
+    box, pos, view_shape = _box(_region(axes), _describe(transforms[first:]))
     indexer = _indexer(shape, axes, iter(box))
     full_box = tuple(int(s.size) for s in indexer[0].indices)
 
@@ -176,6 +173,32 @@ def _plan(transforms: Any, buffer: Callable[[], tuple[tuple[int, ...], Any]]) ->
         return _boxed(v, pos, full_box)
 
     return _Plan(indexer, lambda b: _picked(b, pos, view_shape), to_box, to_box)
+
+
+def _region(axes: list[Any]) -> tuple[int, ...]:
+    """The shape of the buffer region ``axes`` (ints and slices) select, ints dropped."""
+    return tuple(len(range(a.start, a.stop, a.step or 1)) for a in axes if not isinstance(a, int))
+
+
+def _only_indices_after_bitcast(post: tuple[Any, ...]) -> None:
+    if any(_kind(t) != "index" for t in post):
+        raise NotImplementedError(
+            "not simulated: ref.reshape / transpose / a second bitcast after ref.bitcast"
+        )
+
+
+def _bitcast_shape(
+    shape: tuple[int, ...], src: np.dtype[Any], dst: np.dtype[Any]
+) -> tuple[int, ...]:
+    """The shape of a ``shape`` view of ``src`` elements bitcast to ``dst``: the second-minor
+    axis scaled by the width ratio (a width change of a 1-D view is not simulated)."""
+    if len(shape) < 2:
+        if _width(src) != _width(dst):
+            raise NotImplementedError(
+                "not simulated: a bitcast of a 1-D ref that changes the width"
+            )
+        return shape
+    return (*shape[:-2], shape[-2] * _width(src) // _width(dst), shape[-1])
 
 
 def _indexer(shape: tuple[int, ...], axes: list[Any], box: Any) -> tuple[Any, ...]:
@@ -203,19 +226,10 @@ def _bitcast_plan(
 ) -> _Plan:
     from jax._src.pallas.mosaic.interpret import utils
 
-    if any(_kind(t) != "index" for t in post):
-        raise NotImplementedError(
-            "not simulated: ref.reshape / transpose / a second bitcast after ref.bitcast"
-        )
+    _only_indices_after_bitcast(post)
     src, dst = np.dtype(buffer()[1]), np.dtype(bitcast.dtype)
-    kept = [a for a in axes if not isinstance(a, int)]
-    region = [len(range(a.start, a.stop, a.step or 1)) for a in kept]
-    if len(region) < 2 and _width(src) != _width(dst):
-        raise NotImplementedError("not simulated: a bitcast of a 1-D ref that changes the width")
-    view = list(region)
-    if len(view) >= 2:
-        view[-2] = view[-2] * _width(src) // _width(dst)
-    index = _full(tuple(view), utils.to_range(post))
+    view = _bitcast_shape(_region(axes), src, dst)
+    index = _full(view, utils.to_range(post))
     box: list[tuple[int, int, int]] = []
     squeeze: list[int] = []
     for j, sel in enumerate(index):
@@ -269,21 +283,11 @@ def _view_bitcast_plan(
     read-modify-write the view does not say)."""
     from jax._src.pallas.mosaic.interpret import utils
 
-    if any(_kind(t) != "index" for t in post):
-        raise NotImplementedError(
-            "not simulated: ref.reshape / transpose / a second bitcast after ref.bitcast"
-        )
+    _only_indices_after_bitcast(post)
     src, dst = np.dtype(buffer()[1]), np.dtype(bitcast.dtype)
-    kept = [a for a in axes if not isinstance(a, int)]
-    region = tuple(len(range(a.start, a.stop, a.step or 1)) for a in kept)
-    box, pos, view_shape = _box(region, _describe(view))
-    if len(view_shape) < 2 and _width(src) != _width(dst):
-        raise NotImplementedError("not simulated: a bitcast of a 1-D ref that changes the width")
+    box, pos, view_shape = _box(_region(axes), _describe(view))
+    picks = tuple(_full(_bitcast_shape(view_shape, src, dst), utils.to_range(post)))
     indexer = _indexer(shape, axes, iter(box))
-    cast_shape = list(view_shape)
-    if len(cast_shape) >= 2:
-        cast_shape[-2] = cast_shape[-2] * _width(src) // _width(dst)
-    picks = tuple(_full(tuple(cast_shape), utils.to_range(post)))
 
     def to_view(b: np.ndarray) -> np.ndarray:
         return np.asarray(_np_bitcast(_picked(b, pos, view_shape), dst)[picks])
