@@ -71,6 +71,12 @@ def check_devices(devices: int, chip: Chip, cores_per_device: int) -> None:
 # ------------------------------------------------------------------------ before tracing
 
 
+def kernel_label(jaxpr: Any, name: str | None) -> str:
+    """How errors name a kernel: its ``name=``, else its function's name."""
+    name = name or getattr(getattr(jaxpr, "debug_info", None), "func_name", None)
+    return f"kernel {name!r}" if name else "a kernel"
+
+
 def check_kernel(
     jaxpr: Any,
     *,
@@ -86,7 +92,7 @@ def check_kernel(
     debug = getattr(jaxpr, "debug_info", None)
     name = name or getattr(debug, "func_name", None)
     register_kernel(jaxpr, name, getattr(debug, "func_src_info", None))
-    label = f"kernel {name!r}" if name else "a kernel"
+    label = kernel_label(jaxpr, name)
     sparsecore = mesh is not None and "Subcore" in type(mesh).__name__
     inner = getattr(jaxpr, "jaxpr", jaxpr)
     vmem, smem = validate.scoped_bytes(inner, chip.chip, own=inner.invars, tiled=not sparsecore)

@@ -62,18 +62,18 @@ def rewrite(kw: dict[str, Any]) -> dict[str, Any] | None:
     jaxpr = kw["jaxpr"]
     if not pairs:
         return None
-    if inline.kernel_steps(gm) != 1:
+    steps = inline.kernel_steps(gm)
+    if steps != 1:
         from coremesh.testing.sim.chip import current
         from coremesh.testing.sim.errors import NotSimulatedError
-        from coremesh.testing.sim.refusals import check_multicore_vmem_operands
+        from coremesh.testing.sim.refusals import check_multicore_vmem_operands, kernel_label
 
         # What the chip refuses first, in its words.
-        name = kw.get("name")
-        label = f"kernel {name!r}" if name else "a kernel"
+        label = kernel_label(jaxpr, kw.get("name"))
         check_multicore_vmem_operands(jaxpr, kw.get("mesh"), gm, label, current().name)
 
         raise NotSimulatedError(
-            f"a kernel of {inline.kernel_steps(gm)} grid steps (or cores) whose result is an "
+            f"a kernel of {steps} grid steps (or cores) whose result is an "
             "array kept in VMEM or SMEM, aliased to an operand, is not simulated",
             rule="the operand and the result are one buffer on the chip; the simulator makes "
             "them one only in a kernel of one grid step on one core (each core has its own "
