@@ -11,7 +11,7 @@ function, stock interpret mode included (``jax.random.bits(jax.random.key(0,
 impl="pallas_threefry2x32"), ...)`` under ``jit`` or ``shard_map``).
 
 Inside the simulator these primitives declare the ordered effects their implementation's
-function has (found by tracing it once per implementation, primitive and shape), so the
+function has (found by tracing it once per implementation, primitive and parameters), so the
 enclosing computation threads the token to them and the kernel stays ordered with every other.
 Implementations without kernels trace effect-free and keep jax's own rule.
 """
@@ -32,14 +32,15 @@ def _key_aval(impl: Any) -> Any:
     return jax.ShapeDtypeStruct(tuple(impl.key_shape), jnp.uint32)
 
 
-def _traced(name: str, impl: Any, in_avals: tuple[Any, ...], params: tuple[Any, ...]) -> Any:
-    """One key, not the batch: the effects of the function jax's lowering rule would trace."""
+def _traced(name: str, impl: Any, dtypes: tuple[Any, ...], params: tuple[Any, ...]) -> Any:
+    """One key, not the batch: the function jax's lowering rule would trace, on operands of
+    ``dtypes``."""
     import jax
     import jax.numpy as jnp
 
     kw = dict(params)
     if name == "random_seed_p":
-        return jax.make_jaxpr(impl.seed)(jax.ShapeDtypeStruct((), in_avals[0].dtype))
+        return jax.make_jaxpr(impl.seed)(jax.ShapeDtypeStruct((), dtypes[0]))
     key = _key_aval(impl)
     if name == "random_split_p":
         return jax.make_jaxpr(lambda k: impl.split(k, kw["shape"]))(key)
@@ -51,7 +52,7 @@ def _traced(name: str, impl: Any, in_avals: tuple[Any, ...], params: tuple[Any, 
 
 @functools.lru_cache(maxsize=256)
 def ordered_effects(
-    name: str, impl: Any, in_avals: tuple[Any, ...], params: tuple[Any, ...]
+    name: str, impl: Any, dtypes: tuple[Any, ...], params: tuple[Any, ...]
 ) -> frozenset[Any]:
     """The ordered effects of ``impl``'s function for primitive ``name`` (none when it is plain
     jax, or cannot be traced here: then jax's own rule decides, as without the simulator)."""
@@ -60,7 +61,7 @@ def ordered_effects(
     if not str(getattr(impl, "name", "")).startswith("pallas"):
         return frozenset()
     try:
-        closed = _traced(name, impl, in_avals, params)
+        closed = _traced(name, impl, dtypes, params)
     except Exception:
         return frozenset()
     return frozenset(effects.ordered_effects.filter_in(closed.effects))
@@ -78,17 +79,11 @@ def _effectful(name: str, stock: Callable[..., Any]) -> Callable[..., Any]:
         impl = _key_impl(name, avals, params)
         if impl is None:
             return out, effs
-        shapes = tuple(_shape_key(a) for a in avals)
-        extra = ordered_effects(name, impl, shapes, tuple(sorted(params.items(), key=str)))
+        dtypes = tuple(a.dtype for a in avals)  # the effects do not depend on the batch shape
+        extra = ordered_effects(name, impl, dtypes, tuple(sorted(params.items(), key=str)))
         return out, (set(effs) | extra) if extra else effs
 
     return abstract_eval
-
-
-def _shape_key(aval: Any) -> Any:
-    import jax
-
-    return jax.ShapeDtypeStruct((), aval.dtype) if hasattr(aval, "dtype") else aval
 
 
 def targets() -> list[tuple[Any, str, Any]]:
