@@ -90,6 +90,7 @@ from jax.experimental.pallas import tpu_sc as plsc
 from coremesh.core.errors import CoremeshError, UnsupportedOnChipError
 from coremesh.testing.sim import compat, inline
 from coremesh.testing.sim.errors import NotSimulatedError
+from coremesh.testing.sim.jaxprs import sub_jaxprs
 
 _Rule = inline.Rule
 
@@ -969,28 +970,17 @@ def _own_space(aval: Any, core_type: Any) -> Any:
 
 
 def _has_core_spaces(jaxpr: Any) -> bool:
-    if _ClosedJaxpr is not None and isinstance(jaxpr, _ClosedJaxpr):
-        jaxpr = jaxpr.jaxpr
-    atoms = [*jaxpr.constvars, *jaxpr.invars]
-    for eqn in jaxpr.eqns:
+    """Does a variable of ``jaxpr`` or of a jaxpr inside it live in a core memory space?"""
+    inner = getattr(jaxpr, "jaxpr", jaxpr)
+    atoms = [*inner.constvars, *inner.invars]
+    for eqn in inner.eqns:
         atoms += eqn.outvars
-        if any(_has_core_spaces(sub) for sub in _sub_jaxprs(eqn.params)):
+        if any(_has_core_spaces(sub) for sub in sub_jaxprs(eqn)):
             return True
     return any(
         isinstance(getattr(v.aval, "memory_space", None), pallas_core.CoreMemorySpace)
         for v in atoms
     )
-
-
-def _sub_jaxprs(params: dict[str, Any]) -> list[Any]:
-    found: list[Any] = []
-    for p in params.values():
-        for item in p if isinstance(p, tuple | list) else (p,):
-            if isinstance(item, jax_core.Jaxpr) or (
-                _ClosedJaxpr is not None and isinstance(item, _ClosedJaxpr)
-            ):
-                found.append(item)
-    return found
 
 
 def _swap_avals(jaxpr: Any, fix: Callable[[Any], Any]) -> Any:
