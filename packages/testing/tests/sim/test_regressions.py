@@ -122,6 +122,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "partial_manual_refusal",
         "intercore",
         "signal_core",
+        "regular_dma_semaphores",  # test_regular_dma.py
         "sparsecore_axes",
         "sparsecore_primitives",
         "mpmd_refusal",

@@ -1036,6 +1036,12 @@ def _key_refs_targets() -> list[tuple[Any, str, Any]]:
     return key_refs.targets()
 
 
+def _regular_dma_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import regular_dma
+
+    return regular_dma.targets()
+
+
 def _schedule_targets() -> list[tuple[Any, str, Any]]:
     from coremesh.testing.sim import schedule
 
@@ -1080,6 +1086,13 @@ PATCHES: tuple[Patch, ...] = (
         "a semaphore_signal without core_index goes to core 0, not the signalling core "
         "(interpret_pallas_call.py:1179; still so in 0.12.0.1), which hangs plain 2-core kernels",
         _signal_targets,
+    ),
+    Patch(
+        "regular_dma_semaphores",
+        "a DMA signals a REGULAR semaphore with the bytes it moved, as it does a DMA semaphore "
+        "(interpret_pallas_call.py DMA.execute_read / execute_write: data_size); Mosaic's DMA "
+        "adds 1 to a regular one, so a kernel that waits for 1 ends with it at bytes - 1",
+        _regular_dma_targets,
     ),
     Patch(
         "fast_path",

@@ -1,0 +1,102 @@
+"""A DMA that signals a regular semaphore adds one to it.
+
+Mosaic lets a DMA signal a REGULAR semaphore (``pltpu.SemaphoreType.REGULAR`` as its send or
+receive semaphore, TPU v6 and later): the DMA increments it by 1 when it completes (jax commits
+ace7a79040 "Allow non-DMA semaphores in EnqueueDMA" and 8b31887d81, the same for the source
+semaphore), and the kernel waits with ``pl.semaphore_wait(sem, 1)``: ``dma_wait`` refuses a
+regular semaphore (primitives.py ``_dma_wait_abstract_eval``). The interpreter signals every DMA
+semaphore with the bytes moved (interpret_pallas_call.py ``DMA.execute_read`` /
+``execute_write`` signal ``data_size``; still so in jax's main of August 2026), so such a kernel
+ends with the semaphore at its bytes - 1 (4095 after an (8, 128) float32 copy).
+
+The callbacks get semaphore ids only; which kind a semaphore is, the kernel's jaxpr says. Each
+jaxpr level the interpreter runs has its ``dma_start`` equations' source info replaced by a
+:class:`_RegularSource` naming the regular sides; the interpreter hands it to the ``DMA`` it
+makes, whose ``data_size`` is then 1 for those signals.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+from jax._src import source_info_util
+
+
+class _RegularSource(source_info_util.SourceInfo):  # type: ignore[misc]
+    """A DMA's source info, with which of its semaphores are regular: (send, receive)."""
+
+    __slots__ = ("regular",)
+
+    def __init__(self, info: Any, regular: tuple[bool, bool]) -> None:
+        super().__init__(info.traceback, info.name_stack)
+        self.regular = regular
+
+
+def _is_regular(sem: Any) -> bool:
+    import jax
+    from jax._src.pallas import core as pallas_core
+    from jax._src.pallas.mosaic import primitives as mosaic_primitives
+
+    if sem is None:
+        return False
+    ref, _ = mosaic_primitives._get_ref_and_transforms(sem)
+    dtype = getattr(getattr(ref, "aval", None), "dtype", None)
+    return dtype is not None and bool(jax.dtypes.issubdtype(dtype, pallas_core.semaphore))
+
+
+def regular_sides(eqn: Any) -> tuple[bool, bool]:
+    """Which of a ``dma_start`` equation's semaphores are regular: (send, receive)."""
+    _src, _dst, dst_sem, src_sem, _device = eqn.params["tree"].unflatten(eqn.invars)
+    return _is_regular(src_sem), _is_regular(dst_sem)
+
+
+def tag(jaxpr: Any) -> Any | None:
+    """``jaxpr`` with the source info of its DMAs to regular semaphores marked, or ``None``
+    when it starts none (nested levels are tagged when the interpreter reaches them)."""
+    from jax._src.pallas.mosaic import primitives as mosaic_primitives
+
+    eqns, changed = [], False
+    for eqn in jaxpr.eqns:
+        new = eqn
+        if eqn.primitive is mosaic_primitives.dma_start_p:
+            sides = regular_sides(eqn)
+            if any(sides) and not isinstance(eqn.source_info, _RegularSource):
+                new = eqn.replace(source_info=_RegularSource(eqn.source_info, sides))
+                changed = True
+        eqns.append(new)
+    return jaxpr.replace(eqns=eqns) if changed else None
+
+
+def targets() -> list[tuple[Any, str, Any]]:
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    orig = ipc._interpret_jaxpr
+    cache: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+    lock = threading.Lock()
+
+    def interpret_jaxpr(jaxpr: Any, *args: Any, ctx: Any, token: Any) -> Any:
+        with lock:
+            if jaxpr not in cache:
+                cache[jaxpr] = tag(jaxpr)
+            done = cache[jaxpr]
+        return orig(jaxpr if done is None else done, *args, ctx=ctx, token=token)
+
+    orig_size = ipc.DMA.data_size.fget
+    started, read = ipc.DmaState.STARTED, ipc.DmaState.READ
+
+    def data_size(self: Any) -> int:
+        # execute_read signals the send semaphore before the DMA leaves STARTED, execute_write
+        # the receive semaphore before it leaves READ (interpret_pallas_call.py DMA).
+        regular = getattr(self.source_info, "regular", None)
+        if regular is not None:
+            send, receive = regular
+            if (send and self.state == started) or (receive and self.state == read):
+                return 1
+        return int(orig_size(self))
+
+    return [
+        (ipc, "_interpret_jaxpr", interpret_jaxpr),
+        (ipc.DMA, "data_size", property(data_size)),
+    ]

@@ -1,0 +1,129 @@
+"""Patch ``regular_dma_semaphores`` on every supported jax line: a DMA that signals a REGULAR
+semaphore adds 1 to it (Mosaic, TPU v6 and later), locally and between devices, on either side
+of a remote copy, in both DMA modes: the copied data against numpy, and each kernel ends with its
+semaphores at zero (or the simulator refuses it); stock interpret mode counts the bytes moved."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from coremesh.core import jax_compat
+from coremesh.testing.sim import Simulator, UnfinishedKernelError, simulate
+from coremesh.testing.sim.simulator import DmaMode
+
+pytestmark = pytest.mark.sim
+
+ROWS = 8
+#: The bytes an (8, 128) float32 copy moves: what the interpreter adds to a regular semaphore.
+BYTES = ROWS * 128 * 4
+
+
+def local_copy(x: jax.Array) -> jax.Array:
+    """Copy ``x`` HBM -> VMEM -> HBM, each copy signalling one regular semaphore waited for 1
+    (the interpreter has no rule for ``pl.semaphore_read``: what a kernel leaves in a semaphore
+    is what the simulator reports at its end, a count above zero refused)."""
+
+    def kernel(x_hbm: Any, o_hbm: Any, vmem: Any, sem: Any) -> None:
+        pltpu.async_copy(x_hbm, vmem, sem)
+        pl.semaphore_wait(sem, 1)
+        pltpu.async_copy(vmem, o_hbm, sem)
+        pl.semaphore_wait(sem, 1)
+
+    return pl.pallas_call(
+        kernel,
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pl.ANY),
+        out_shape=jax.ShapeDtypeStruct.like(x),
+        scratch_shapes=[pltpu.VMEM(x.shape, x.dtype), pltpu.SemaphoreType.REGULAR],
+    )(x)
+
+
+def remote_shift(sim: Simulator, send_regular: bool, recv_regular: bool) -> Any:
+    """Each device sends its block to the next (upstream's test_remote_dma_regular_semaphore,
+    with either semaphore regular or a DMA one); returns (blocks sent, blocks received)."""
+
+    def kernel(x_hbm: Any, y_hbm: Any) -> None:
+        def body(ready: Any, send: Any, recv: Any) -> None:
+            me, n = jax.lax.axis_index("device"), jax.lax.axis_size("device")
+            pl.semaphore_signal(ready, device_id={"device": jax.lax.rem(me + n - 1, n)})
+            pl.semaphore_wait(ready)
+            copy = pltpu.async_remote_copy(
+                x_hbm, y_hbm, send, recv, device_id={"device": jax.lax.rem(me + 1, n)}
+            )
+            if send_regular:
+                pl.semaphore_wait(send, 1)
+            else:
+                copy.wait_send()
+            if recv_regular:
+                pl.semaphore_wait(recv, 1)
+            else:
+                copy.wait_recv()
+
+        def kind(regular: bool) -> Any:
+            return pltpu.SemaphoreType.REGULAR if regular else pltpu.SemaphoreType.DMA
+
+        pl.run_scoped(body, pltpu.SemaphoreType.REGULAR, kind(send_regular), kind(recv_regular))
+
+    mesh = sim.mesh()
+    spec = jax.P("device")
+
+    @jax.jit
+    @partial(jax.shard_map, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+    def f(x: Any) -> Any:
+        return pl.kernel(
+            kernel,
+            out_type=jax.ShapeDtypeStruct((ROWS, 128), jnp.float32),
+            mesh=jax_compat.tensorcore_mesh("core"),
+        )(x)
+
+    x = np.arange(2 * ROWS * 128, dtype=np.float32).reshape(2 * ROWS, 128)
+    y = sim.run(f, jax.device_put(x, jax.NamedSharding(mesh, spec)))
+    return x, np.asarray(y)
+
+
+@pytest.mark.parametrize("mode", ["on_wait", "eager"])
+def test_local_dma_adds_one_to_a_regular_semaphore(mode: DmaMode) -> None:
+    x = np.arange(ROWS * 128, dtype=np.float32).reshape(ROWS, 128)
+    with simulate("v6e", 1, dma_execution_mode=mode):  # ends with the semaphore at 0
+        y = local_copy(jnp.asarray(x))
+    np.testing.assert_array_equal(np.asarray(y), x)
+
+
+def test_stock_interpreter_adds_the_bytes_moved() -> None:
+    x = np.arange(ROWS * 128, dtype=np.float32).reshape(ROWS, 128)
+    # The first copy adds BYTES; the second wait takes 1 of what it left, so the second copy is
+    # never waited for (nor, on_wait, run: the result would be the unwritten fill).
+    never_waited = r"1 DMA\(s\) signalling semaphore #0 of the kernel .* never waited for"
+    with (
+        simulate("v6e", 1, disable_patches=["regular_dma_semaphores"]),
+        pytest.raises(UnfinishedKernelError, match=never_waited),
+    ):
+        local_copy(jnp.asarray(x))
+
+
+@pytest.mark.parametrize(
+    ("send_regular", "recv_regular"), [(True, True), (True, False), (False, True)]
+)
+@pytest.mark.parametrize("mode", ["on_wait", "eager"])
+def test_remote_dma_adds_one_to_each_regular_side(
+    mode: DmaMode, send_regular: bool, recv_regular: bool
+) -> None:
+    with simulate("v6e", 2, dma_execution_mode=mode) as sim:
+        x, y = remote_shift(sim, send_regular, recv_regular)
+    np.testing.assert_array_equal(y, np.roll(x, ROWS, axis=0))
+
+
+def test_stock_remote_dma_counts_bytes() -> None:
+    with (
+        simulate("v6e", 2, disable_patches=["regular_dma_semaphores"]) as sim,
+        pytest.raises(UnfinishedKernelError, match=f"ends at count {BYTES - 1}"),
+    ):
+        remote_shift(sim, True, True)
