@@ -12,7 +12,14 @@ import pytest
 from coremesh.testing import cli
 from coremesh.testing.upstream import report
 from coremesh.testing.upstream.events import Status, TestResult
-from coremesh.testing.upstream.run import FileRun, Mode, run_tree, select_files
+from coremesh.testing.upstream.run import (
+    FileRun,
+    Mode,
+    last_seconds,
+    run_tree,
+    select_files,
+    start_order,
+)
 from coremesh.testing.upstream.tree import read_tree
 
 SYNTHETIC = """
@@ -322,3 +329,22 @@ def test_the_runner_gives_up_on_a_file_after_hangs_in_a_row(tmp_path: Path) -> N
     ]
     assert (run.unrun, run.gave_up) == (2, "the runner gave up on the file after 2 hangs in a row")
     assert report._cell(run) == "0/0/0/2/0 (+2 not run: gave up after hangs)"
+
+
+def test_with_several_jobs_the_files_that_took_longest_last_time_start_first(
+    tmp_path: Path,
+) -> None:
+    tree = read_tree(_tree(tmp_path))
+    files = select_files(tree, [])
+    out = tmp_path / "out"
+    runs = run_tree(tree, files, ["stock"], out, timeout=30, keyword="pass", jobs=2)
+    table = out / "table.json"
+    table.write_text(report.to_json(runs, tree, "0.0"))
+    last = last_seconds(table)
+    assert last == {(r.file, "stock"): pytest.approx(r.elapsed_s, abs=0.01) for r in runs}
+    a, b = (Path(f"tpu_{n}_test.py") for n in "ab")
+    pairs: list[tuple[Path, Mode]] = [(a, "sim"), (a, "stock"), (b, "sim"), (b, "stock")]
+    timed = {("tpu_a_test.py", "sim"): 5.0, ("tpu_b_test.py", "sim"): 50.0}
+    timed[("tpu_a_test.py", "stock")] = 7.0
+    assert start_order(pairs, timed) == [(b, "stock"), (b, "sim"), (a, "stock"), (a, "sim")]
+    assert last_seconds(tmp_path / "missing.json") == {}

@@ -16,6 +16,7 @@ from coremesh.testing.upstream.run import (
     FileRun,
     Mode,
     host_memory,
+    last_seconds,
     run_tree,
     select_files,
 )
@@ -137,6 +138,7 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
             f"JAX test tree {tree.label} at {tree.root} for jax {version}: "
             f"{len(files)} files, modes {', '.join(modes)}, {args.jobs} at a time\n"
         )
+    table_json = out / f"upstream-jax-{version}.json"
     started = time.perf_counter()
     runs = run_tree(
         tree,
@@ -150,10 +152,11 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         jobs=args.jobs,
         memory_limit=_memory_limit(args.memory_limit, args.jobs),
         give_up=args.give_up or None,
+        last_seconds=last_seconds(table_json),
     )
     table = report.markdown(runs, tree, version, wall_s=time.perf_counter() - started)
     (out / f"upstream-jax-{version}.md").write_text(table)
-    (out / f"upstream-jax-{version}.json").write_text(report.to_json(runs, tree, version) + "\n")
+    table_json.write_text(report.to_json(runs, tree, version) + "\n")
     stdout.write(table)
     if chosen is not None:
         return _check_subset(chosen, runs, stdout)

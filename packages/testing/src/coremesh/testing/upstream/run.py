@@ -289,10 +289,13 @@ def run_tree(
     jobs: int = 1,
     memory_limit: int | None = None,
     give_up: int | None = None,
+    last_seconds: Mapping[tuple[str, str], float] | None = None,
 ) -> list[FileRun]:
     """Each file in each mode, ``jobs`` (file, mode) runs at a time; the result in file, then
     mode, order; ``progress`` hears of each as it finishes. ``only``: per file name, the node ids
-    to run (a subset); files it does not name run whole."""
+    to run (a subset); files it does not name run whole. ``last_seconds``: how long each (file
+    name, mode) took last time (:func:`last_seconds`); with several jobs the longest start first
+    (files not timed before first of all), so a long file does not start last and run alone."""
     if not files:
         raise CoremeshError(
             f"no test files selected in {tree.tests}",
@@ -301,6 +304,7 @@ def run_tree(
     if jobs < 1:
         raise CoremeshError(f"--jobs {jobs}", rule="at least one run at a time", fix="--jobs 1")
     pairs = [(file, mode) for file in files for mode in modes]
+    order = start_order(pairs, last_seconds or {}) if jobs > 1 else pairs
     lock = threading.Lock()
 
     def one(pair: tuple[Path, Mode]) -> FileRun:
@@ -325,4 +329,25 @@ def run_tree(
     if jobs == 1:
         return [one(pair) for pair in pairs]
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(one, pairs))
+        done = dict(zip(order, pool.map(one, order), strict=True))
+    return [done[pair] for pair in pairs]
+
+
+def start_order(
+    pairs: Sequence[tuple[Path, Mode]], last: Mapping[tuple[str, str], float]
+) -> list[tuple[Path, Mode]]:
+    """``pairs`` longest first by ``last`` (seconds per file name and mode), those it does not
+    time before all of them; ties keep their order."""
+    return sorted(pairs, key=lambda p: -last.get((p[0].name, p[1]), float("inf")))
+
+
+def last_seconds(table: Path) -> dict[tuple[str, str], float]:
+    """(file name, mode) -> seconds, from a JSON table an earlier run wrote (empty if there is
+    none or it cannot be read)."""
+    import json
+
+    try:
+        doc = json.loads(table.read_text())
+        return {(f["file"], f["mode"]): float(f["elapsed_s"]) for f in doc["files"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
