@@ -546,7 +546,7 @@ def _interpret_call_targets() -> list[tuple[Any, str, Any]]:
     from jax._src.pallas.mosaic import core as mosaic_core
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
-    from coremesh.testing.sim import sparsecore
+    from coremesh.testing.sim import core_semaphores, sparsecore
 
     orig = ipc.interpret_pallas_call
 
@@ -584,6 +584,10 @@ def _interpret_call_targets() -> list[tuple[Any, str, Any]]:
                 # one after the other on one thread.
                 mesh = None
                 interpret_params = dataclasses.replace(interpret_params, num_cores_or_threads=1)
+                # The steps would share the kernel's scratch semaphores: each gets its own.
+                own = core_semaphores.per_core(kw["jaxpr"], kw["grid_mapping"])
+                if own is not None:
+                    kw["jaxpr"], kw["grid_mapping"] = own
         return orig(*args, mesh=mesh, interpret_params=interpret_params, **kw)
 
     return [(ipc, "interpret_pallas_call", interpret_pallas_call)]
