@@ -348,3 +348,29 @@ def test_with_several_jobs_the_files_that_took_longest_last_time_start_first(
     timed[("tpu_a_test.py", "stock")] = 7.0
     assert start_order(pairs, timed) == [(b, "stock"), (b, "sim"), (a, "stock"), (a, "sim")]
     assert last_seconds(tmp_path / "missing.json") == {}
+
+
+def test_the_pass_rate_leaves_out_skips_and_tests_that_read_a_tpu_compile(tmp_path: Path) -> None:
+    def result(test: str, status: Status) -> TestResult:
+        return TestResult(f"pallas/tpu_pallas_test.py::{test}", status, "why")
+
+    run = FileRun(
+        "tpu_pallas_test.py",
+        "sim",
+        [
+            result("PallasCallTest::test_a", "pass"),
+            result("PallasCallTest::test_b", "pass"),
+            result("PallasCallTest::test_c", "fail"),
+            result("PallasCallTest::test_d", "skip"),
+            result("PallasHloNamesTest::test_parameter_names", "fail"),
+            result("PallasCallTest::test_cost_analysis_vmap", "error"),
+        ],
+    )
+    assert report.counted(run) == (2, 3, 2)  # 2 of a, b, c; names and cost analysis left out
+    tree = read_tree(_tree(tmp_path))
+    table = report.markdown([run], tree, "0.0")
+    (row,) = [ln for ln in table.splitlines() if ln.startswith("| tpu_pallas_test |")]
+    assert row.endswith("| 2 | 66.7% |")
+    assert "files under 90%: tpu_pallas_test (66.7%)" in table
+    assert "test_parameter_names`: fail: why (not counted: it compares the HLO text" in table
+    assert "test_c`: fail: why\n" in table + "\n"

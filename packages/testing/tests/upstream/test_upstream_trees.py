@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
+import re
 import sys
 from pathlib import Path
 
@@ -10,7 +12,7 @@ import pytest
 
 from coremesh.core import jax_versions
 from coremesh.core.errors import CoremeshError
-from coremesh.testing.upstream import gates, imports
+from coremesh.testing.upstream import beyond_cpu, gates, imports
 from coremesh.testing.upstream.needs import Needs, most_devices, needs_for
 from coremesh.testing.upstream.run import run_tree, select_files
 from coremesh.testing.upstream.tree import (
@@ -144,3 +146,25 @@ def test_a_real_upstream_file_passes_on_the_simulator(tmp_path: Path) -> None:
     assert run.not_run is None
     assert len(run.results) == 4  # direction x num_devices
     assert run.counts()["pass"] >= 1, [(r.nodeid, r.message) for r in run.results]
+
+
+def test_each_test_left_out_of_the_pass_rate_is_a_test_of_a_tree() -> None:
+    corpus = default_corpus(REPO)
+    trees = find_trees(corpus)
+    if not trees:
+        pytest.skip(f"no JAX test tree at {corpus}")
+    keys = []
+    for tree in trees:
+        for path in sorted(tree.tests.glob("tpu_*_test.py")):
+            cls = ""
+            for line in path.read_text().splitlines():
+                found = re.match(r"class (\w+)", line) or re.match(r"  def (test\w*)\(", line)
+                if found and line.startswith("class"):
+                    cls = found.group(1)
+                elif found:
+                    keys.append(f"{path.name}::{cls}::{found.group(1)}")
+    for pattern, why in beyond_cpu.TABLE:
+        assert fnmatch.filter(keys, pattern), (pattern, why)
+    assert (
+        beyond_cpu.reason("tests/pallas/tpu_pallas_test.py::PallasCallTest::test_add_one") is None
+    )
