@@ -489,3 +489,31 @@ def test_explicit_mxu_operations_are_refused_by_name() -> None:
         pytest.raises(NotSimulatedError, match="explicit MXU operation 'matmul_push_rhs'"),
     ):
         jax.jit(pl.pallas_call(kernel, out_shape=out_shape))(x)
+
+
+@pytest.mark.parametrize("value", ["invalid", 1])
+def test_an_invalid_side_effect_type_is_refused_as_the_lowering_refuses_it(value: Any) -> None:
+    """JAX's test_invalid_side_effect_type expects the TPU lowering's ValueError; the interpreter
+    never reads has_side_effects and ran the kernel."""
+    from coremesh.testing.aot.topology import CompileTarget
+    from coremesh.testing.sim.errors import CompilerParamsError
+
+    def copy(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref[...]
+
+    def kernel(side_effects: Any) -> Any:
+        params = pltpu.CompilerParams(has_side_effects=side_effects)
+        return pl.pallas_call(copy, out_shape=X, compiler_params=params)
+
+    with (
+        CompileTarget.for_chip("v5p", devices=1).activate(),
+        pytest.raises(ValueError, match=f"Invalid side effect type: {value}"),
+    ):
+        jax.jit(kernel(value)).trace(X).lower()
+    x = np.arange(8 * 128, dtype=np.float32).reshape(8, 128)
+    with simulate("v5p", 1), pytest.raises(CompilerParamsError, match="Invalid side effect") as e:
+        jax.jit(kernel(value))(x)
+    assert isinstance(e.value, ValueError) and "pltpu.SideEffectType.PURE" in str(e.value)
+    with simulate("v5p", 1):  # what the lowering takes still runs
+        for ok in (True, pltpu.SideEffectType.DATAFLOW_SIDE_EFFECTING):
+            np.testing.assert_array_equal(np.asarray(jax.jit(kernel(ok))(x)), x)

@@ -43,6 +43,13 @@ class SimulationDeadlock(DeadlockError):  # noqa: N818  (the name the project's 
         super().__init__(what, rule=rule, chip=chip, fix=fix)
 
 
+class CompilerParamsError(CoremeshError, ValueError):
+    """A kernel's ``compiler_params`` that the TPU lowering rejects, refused before it runs.
+
+    Also a ``ValueError``, as jax's own (JAX's tests expect that type).
+    """
+
+
 class KernelCapacityError(CapacityError, JaxRuntimeError):  # type: ignore[misc]
     """A kernel's buffers over the chip's VMEM or SMEM, refused before it runs.
 

@@ -29,6 +29,7 @@ from coremesh.core.errors import (
 from coremesh.testing.sim.chip import SimulatedChip
 from coremesh.testing.sim.deadlock import semaphore_description
 from coremesh.testing.sim.errors import (
+    CompilerParamsError,
     KernelCapacityError,
     MosaicRefusalError,
     NotSimulatedError,
@@ -116,6 +117,7 @@ def check_kernel(
         raise KernelCapacityError(
             err.what + listed, rule=err.rule, chip=err.chip, fix=err.fix
         ) from None
+    check_side_effects(compiler_params, label, chip.name)
     check_explicit_mxu(inner, label, chip.name)
     if not sparsecore:
         if _tensorcore_kernel_type(compiler_params):
@@ -142,6 +144,25 @@ def check_kernel(
                 "compiler_params=pltpu.CompilerParams(collective_id=0) to pl.kernel / "
                 "pl.pallas_call)",
             )
+
+
+def check_side_effects(compiler_params: Any, label: str, chip: str) -> None:
+    """Mosaic's lowering takes ``has_side_effects`` as a bool or a ``pltpu.SideEffectType``
+    (``pallas_call_registration._resolve_side_effect_type``) and raises ``ValueError`` for
+    anything else; the interpreter never reads it."""
+    from jax._src.pallas.mosaic import core as tpu_core
+
+    value = getattr(compiler_params, "has_side_effects", False)
+    if isinstance(value, bool | tpu_core.SideEffectType):
+        return
+    kinds = ", ".join(f"pltpu.SideEffectType.{k.name}" for k in tpu_core.SideEffectType)
+    raise CompilerParamsError(
+        f"Invalid side effect type: {value} (has_side_effects of {label})",
+        rule="has_side_effects is a bool or a pltpu.SideEffectType; the TPU lowering rejects "
+        "anything else",
+        chip=chip,
+        fix=f"pass has_side_effects=True / False, or one of {kinds}",
+    )
 
 
 def check_explicit_mxu(jaxpr: Any, label: str, chip: str) -> None:

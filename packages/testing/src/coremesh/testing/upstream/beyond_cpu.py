@@ -4,8 +4,9 @@ Some tests assert on the text of a program compiled for a TPU: the ``tpu_custom_
 emits and its attributes (memory-space colours, kernel metadata, parameter names, collective
 ids), the VMEM a compiled program reserves, a cost analysis of the custom call. A program
 compiled for a CPU (stock interpret mode and the simulator alike) has none of it, so these tests
-cannot pass on a CPU whatever the simulator does; the conformance target counts the others
-("neither skipped nor needing what no CPU gives"). Each pattern (``fnmatch`` over
+cannot pass on a CPU whatever the simulator does (some parameterizations check no text and do
+pass: those count); the conformance target counts the others ("neither skipped nor needing what
+no CPU gives"). Each pattern (``fnmatch`` over
 ``file.py::Class::test``, parameterized suffixes included) is listed with what the test reads;
 the kernels these tests run are also run by other tests that check their results.
 """
