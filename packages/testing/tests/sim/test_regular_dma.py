@@ -127,3 +127,29 @@ def test_stock_remote_dma_counts_bytes() -> None:
         pytest.raises(UnfinishedKernelError, match=f"ends at count {BYTES - 1}"),
     ):
         remote_shift(sim, True, True)
+
+
+@pytest.mark.parametrize(("chip", "refused"), [("v5e", True), ("v4", True), ("v5p", False)])
+def test_a_regular_semaphore_dma_is_refused_where_mosaic_refuses_it(
+    chip: str, refused: bool
+) -> None:
+    """libtpu's Mosaic refuses a DMA that signals a regular semaphore for v4 and v5e and compiles
+    it for v5p; the simulator refuses it on the same chips, with Mosaic's words."""
+    from coremesh.testing.aot.topology import CompileTarget
+    from coremesh.testing.sim.errors import MosaicRefusalError
+
+    words = "Regular semaphores in EnqueueDMA are not supported on this target"
+    x = np.arange(ROWS * 128, dtype=np.float32).reshape(ROWS, 128)
+    said = ""
+    with CompileTarget.for_chip(chip, devices=1).activate():
+        try:
+            jax.jit(local_copy).trace(jax.ShapeDtypeStruct(x.shape, x.dtype)).lower().compile()
+        except Exception as err:  # the compiler's own error type
+            said = str(err)
+    assert (words in said) == refused, said
+    with simulate(chip, 1):
+        if refused:
+            with pytest.raises(MosaicRefusalError, match=words):
+                jax.jit(local_copy)(x)
+        else:
+            np.testing.assert_array_equal(np.asarray(jax.jit(local_copy)(x)), x)

@@ -118,6 +118,7 @@ def check_kernel(
             err.what + listed, rule=err.rule, chip=err.chip, fix=err.fix
         ) from None
     check_side_effects(compiler_params, label, chip.name)
+    check_regular_semaphore_dmas(inner, label, chip.name)
     check_explicit_mxu(inner, label, chip.name)
     if not sparsecore:
         if _tensorcore_kernel_type(compiler_params):
@@ -163,6 +164,35 @@ def check_side_effects(compiler_params: Any, label: str, chip: str) -> None:
         chip=chip,
         fix=f"pass has_side_effects=True / False, or one of {kinds}",
     )
+
+
+#: Chips whose Mosaic refuses a DMA that signals a REGULAR semaphore (libtpu 0.0.52, jax 0.12.0.1:
+#: "Regular semaphores in EnqueueDMA are not supported on this target" for v4 and v5e; v5p, v6e
+#: and TPU7x compile it).
+_NO_REGULAR_SEMAPHORE_DMA = frozenset({"v4", "v5e"})
+
+
+def check_regular_semaphore_dmas(jaxpr: Any, label: str, chip: str) -> None:
+    """Refuse a DMA that signals a REGULAR semaphore where Mosaic refuses it."""
+    if chip not in _NO_REGULAR_SEMAPHORE_DMA:
+        return
+    from jax._src.pallas.mosaic import primitives as mosaic_primitives
+
+    from coremesh.testing.sim.regular_dma import regular_sides
+
+    for eqn in all_eqns(jaxpr):
+        if eqn.primitive is mosaic_primitives.dma_start_p and any(regular_sides(eqn)):
+            where = user_location(eqn.source_info)
+            raise MosaicRefusalError(
+                f"{label} starts a DMA that signals a REGULAR semaphore"
+                + (f" at {where}" if where else "")
+                + ": Regular semaphores in EnqueueDMA are not supported on this target.",
+                rule=f"a DMA on {chip} signals DMA semaphores only (TPU v5p, v6e and TPU7x "
+                "take regular ones too)",
+                chip=chip,
+                fix="allocate the DMA's semaphore as pltpu.SemaphoreType.DMA and wait with the "
+                "copy's .wait()",
+            )
 
 
 def check_explicit_mxu(jaxpr: Any, label: str, chip: str) -> None:
