@@ -329,6 +329,15 @@ def test_the_runner_gives_up_on_a_file_after_hangs_in_a_row(tmp_path: Path) -> N
     ]
     assert (run.unrun, run.gave_up) == (2, "the runner gave up on the file after 2 hangs in a row")
     assert report._cell(run) == "0/0/0/2/0 (+2 not run: gave up after hangs)"
+    # A simulator run goes on: its deadlocks raise, so a hang there is a slow test.
+    (run,) = run_tree(tree, files, ["sim"], tmp_path / "sim", timeout=3, give_up=2)
+    assert [(r.nodeid.rsplit("::", 1)[-1], r.status) for r in run.results] == [
+        ("test_a", "hang"),
+        ("test_b", "hang"),
+        ("test_c", "hang"),
+        ("test_d", "pass"),
+    ]
+    assert (run.unrun, run.gave_up) == (0, None)
 
 
 def test_with_several_jobs_the_files_that_took_longest_last_time_start_first(

@@ -85,8 +85,9 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
         type=int,
         default=3,
         metavar="N",
-        help="after N hangs in a row, leave the rest of the file unrun and say so (default 3; "
-        "0: never)",
+        help="in stock mode, after N hangs in a row, leave the rest of the file unrun and say so "
+        "(default 3; 0: never); a simulator run never gives up (its deadlocks raise: a hang there "
+        "is a slow test)",
     )
     sp.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     sp.add_argument(

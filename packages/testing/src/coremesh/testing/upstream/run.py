@@ -293,7 +293,8 @@ def run_tree(
 ) -> list[FileRun]:
     """Each file in each mode, ``jobs`` (file, mode) runs at a time; the result in file, then
     mode, order; ``progress`` hears of each as it finishes. ``only``: per file name, the node ids
-    to run (a subset); files it does not name run whole. ``last_seconds``: how long each (file
+    to run (a subset); files it does not name run whole. ``give_up`` applies to stock runs.
+    ``last_seconds``: how long each (file
     name, mode) took last time (:func:`last_seconds`); with several jobs the longest start first
     (files not timed before first of all), so a long file does not start last and run alone."""
     if not files:
@@ -319,7 +320,8 @@ def run_tree(
             only=(only or {}).get(file.name, ()),
             python=python,
             memory_limit=memory_limit,
-            give_up=give_up,
+            # A simulator run's hang is a slow test (its deadlocks raise): it never gives up.
+            give_up=give_up if mode == "stock" else None,
         )
         if progress is not None:
             with lock:
