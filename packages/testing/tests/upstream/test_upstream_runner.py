@@ -385,3 +385,30 @@ def test_the_pass_rate_leaves_out_skips_and_tests_that_read_a_tpu_compile(tmp_pa
     assert "files under 90%: tpu_pallas_test (75.0%)" in table
     assert "test_parameter_names`: fail: why (not counted: it compares the HLO text" in table
     assert "test_c`: fail: why\n" in table + "\n"
+
+
+def test_the_tables_are_written_as_each_file_finishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A whole-tree run stopped part way keeps the tables of the files it finished."""
+    from coremesh.testing.upstream import command
+
+    tree = _tree(tmp_path)
+    real = run_tree
+
+    def stopped_after_one(*args: Any, **kw: Any) -> list[FileRun]:
+        files = args[1]
+        real(args[0], files[1:], *args[2:], **kw)  # the synthetic file: its progress is heard
+        raise KeyboardInterrupt  # stopped before the rest
+
+    monkeypatch.setattr(command, "run_tree", stopped_after_one)
+    out = tmp_path / "out"
+    argv = ["upstream", "--jax-tests", str(tree), "--mode", "stock", "--timeout", "30"]
+    with pytest.raises(KeyboardInterrupt):
+        cli.main([*argv, "-k", "pass", "--out", str(out), "-q"])
+    (doc,) = [json.loads(p.read_text()) for p in out.glob("upstream-jax-*.json")]
+    assert [(f["file"], f["counts"]["pass"]) for f in doc["files"]] == [
+        ("tpu_synthetic_test.py", 1)
+    ]
+    (table,) = [p.read_text() for p in out.glob("upstream-jax-*.md")]
+    assert "| tpu_synthetic_test | 1 | 1/0/0/0/0 |" in table

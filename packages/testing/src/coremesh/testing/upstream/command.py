@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -140,7 +140,17 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
             f"{len(files)} files, modes {', '.join(modes)}, {args.jobs} at a time\n"
         )
     table_json = out / f"upstream-jax-{version}.json"
+    last = last_seconds(table_json)
     started = time.perf_counter()
+    done: list[FileRun] = []
+
+    def finished(run: FileRun) -> None:
+        # The tables so far, after each file: a run stopped part way keeps what it measured.
+        done.append(run)
+        _write_tables(out, done, tree, version, wall_s=None)
+        if not args.quiet:
+            _progress(stderr)(run)
+
     runs = run_tree(
         tree,
         files,
@@ -149,19 +159,29 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         timeout=TEST_TIMEOUT_S if args.timeout is None else args.timeout,
         keyword=args.keyword,
         only=chosen.by_file if chosen is not None else None,
-        progress=None if args.quiet else _progress(stderr),
+        progress=finished,
         jobs=args.jobs,
         memory_limit=_memory_limit(args.memory_limit, args.jobs),
         give_up=args.give_up or None,
-        last_seconds=last_seconds(table_json),
+        last_seconds=last,
     )
-    table = report.markdown(runs, tree, version, wall_s=time.perf_counter() - started)
-    (out / f"upstream-jax-{version}.md").write_text(table)
-    table_json.write_text(report.to_json(runs, tree, version) + "\n")
+    table = _write_tables(out, runs, tree, version, wall_s=time.perf_counter() - started)
     stdout.write(table)
     if chosen is not None:
         return _check_subset(chosen, runs, stdout)
     return 0
+
+
+def _write_tables(
+    out: Path, runs: Sequence[FileRun], tree: TestTree, version: str, wall_s: float | None
+) -> str:
+    """Write ``upstream-jax-<version>.{md,json}`` under ``out`` for ``runs`` (in file order);
+    return the markdown."""
+    ordered = sorted(runs, key=lambda r: (r.file, r.mode))
+    table = report.markdown(ordered, tree, version, wall_s=wall_s)
+    (out / f"upstream-jax-{version}.md").write_text(table)
+    (out / f"upstream-jax-{version}.json").write_text(report.to_json(ordered, tree, version) + "\n")
+    return table
 
 
 def _memory_limit(gib: float | None, jobs: int) -> int | None:
