@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from coremesh.testing.sim.jaxprs import PerJaxpr
+
 _lock = threading.Lock()
 #: (device, core) -> [seed values, draws since the seed].
 _state: dict[tuple[int, int], list[Any]] = {}
@@ -147,20 +149,14 @@ def rewrite(jaxpr: Any) -> Any:
 
 def targets() -> list[tuple[Any, str, Any]]:
     """The interpreter's per-level jaxpr evaluation."""
-    import weakref
-
     import jax.numpy as jnp
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
     orig = ipc._interpret_jaxpr
-    cache: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-    lock = threading.Lock()
+    rewritten = PerJaxpr(lambda jaxpr: rewrite(jaxpr) if _uses_prng(jaxpr) else None)
 
     def interpret_jaxpr(jaxpr: Any, *args: Any, ctx: Any, token: Any) -> Any:
-        with lock:
-            if jaxpr not in cache:
-                cache[jaxpr] = rewrite(jaxpr) if _uses_prng(jaxpr) else None
-            done = cache[jaxpr]
+        done = rewritten(jaxpr)
         if done is None:
             return orig(jaxpr, *args, ctx=ctx, token=token)
         ids = (

@@ -3,6 +3,9 @@ and at the memory space of each ref."""
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 
@@ -94,3 +97,20 @@ def largest_product(jaxpr: Any) -> int:
         out = eqn.outvars[0].aval.shape
         largest = max(largest, math.prod(out) * math.prod(lhs[d] for d in lhs_contract))
     return largest
+
+
+class PerJaxpr:
+    """``rewrite`` of each jaxpr level the interpreter evaluates (``_interpret_jaxpr`` runs once
+    per level and per call), made once per jaxpr: weakly keyed, shared by the cores' threads.
+    ``rewrite`` returns None where it changes nothing."""
+
+    def __init__(self, rewrite: Callable[[Any], Any | None]) -> None:
+        self._rewrite = rewrite
+        self._cache: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def __call__(self, jaxpr: Any) -> Any | None:
+        with self._lock:
+            if jaxpr not in self._cache:
+                self._cache[jaxpr] = self._rewrite(jaxpr)
+            return self._cache[jaxpr]

@@ -17,11 +17,11 @@ makes, whose ``data_size`` is then 1 for those signals.
 
 from __future__ import annotations
 
-import threading
-import weakref
 from typing import Any
 
 from jax._src import source_info_util
+
+from coremesh.testing.sim.jaxprs import PerJaxpr
 
 
 class _RegularSource(source_info_util.SourceInfo):  # type: ignore[misc]
@@ -73,14 +73,10 @@ def targets() -> list[tuple[Any, str, Any]]:
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
     orig = ipc._interpret_jaxpr
-    cache: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-    lock = threading.Lock()
+    tagged = PerJaxpr(tag)
 
     def interpret_jaxpr(jaxpr: Any, *args: Any, ctx: Any, token: Any) -> Any:
-        with lock:
-            if jaxpr not in cache:
-                cache[jaxpr] = tag(jaxpr)
-            done = cache[jaxpr]
+        done = tagged(jaxpr)
         return orig(jaxpr if done is None else done, *args, ctx=ctx, token=token)
 
     orig_size = ipc.DMA.data_size.fget
