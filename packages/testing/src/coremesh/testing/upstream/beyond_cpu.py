@@ -6,9 +6,9 @@ ids), the VMEM a compiled program reserves, a cost analysis of the custom call. 
 compiled for a CPU (stock interpret mode and the simulator alike) has none of it, so these tests
 cannot pass on a CPU whatever the simulator does (some parameterizations check no text and do
 pass: those count); the conformance target counts the others ("neither skipped nor needing what
-no CPU gives"). Each pattern (``fnmatch`` over
-``file.py::Class::test``, parameterized suffixes included) is listed with what the test reads;
-the kernels these tests run are also run by other tests that check their results.
+no CPU gives"). Each pattern (``fnmatch`` over ``file.py::Class::test``, parameterized suffixes
+included) is listed with what the test reads; the kernels these tests run are also run by other
+tests that check their results.
 """
 
 from __future__ import annotations

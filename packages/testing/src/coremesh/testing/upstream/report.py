@@ -58,9 +58,14 @@ def counted(run: FileRun) -> tuple[int, int, int]:
     """(passes, tests, tests left out) of ``run`` for the pass rate: the tests counted are those
     neither skipped nor failing on what only a TPU compile gives (:mod:`.beyond_cpu`; such a
     test that passes, as some of their parameterizations do, counts as a pass)."""
-    out = [r for r in run.results if _left_out(r)]
-    rest = [r for r in run.results if r.status != "skip" and not _left_out(r)]
-    return sum(r.status == "pass" for r in rest), len(rest), len(out)
+    passes = tests = out = 0
+    for r in run.results:
+        if _left_out(r):
+            out += 1
+        elif r.status != "skip":
+            tests += 1
+            passes += r.status == "pass"
+    return passes, tests, out
 
 
 def _left_out(r: Any) -> bool:
@@ -138,14 +143,12 @@ def markdown(
                 f"({100 * c['pass'] / ran:.1f}%)"
             )
     if "sim" in modes:
-        sims = [r for r in runs if r.mode == "sim"]
-        passes = sum(counted(r)[0] for r in sims)
-        tests = sum(counted(r)[1] for r in sims)
-        out = sum(counted(r)[2] for r in sims)
+        rates = {r.file: counted(r) for r in runs if r.mode == "sim"}
+        passes, tests, out = (sum(c[i] for c in rates.values()) for i in range(3))
         under = [
-            f"{r.file.removesuffix('.py')} ({_rate(*counted(r)[:2])})"
-            for r in sims
-            if counted(r)[1] and counted(r)[0] < TARGET * counted(r)[1]
+            f"{name.removesuffix('.py')} ({_rate(p, n)})"
+            for name, (p, n, _) in rates.items()
+            if n and p < TARGET * n
         ]
         lines.append(
             f"simulator: {passes} of the {tests} tests neither skipped nor needing a TPU compile "

@@ -294,9 +294,9 @@ def run_tree(
     """Each file in each mode, ``jobs`` (file, mode) runs at a time; the result in file, then
     mode, order; ``progress`` hears of each as it finishes. ``only``: per file name, the node ids
     to run (a subset); files it does not name run whole. ``give_up`` applies to stock runs.
-    ``last_seconds``: how long each (file
-    name, mode) took last time (:func:`last_seconds`); with several jobs the longest start first
-    (files not timed before first of all), so a long file does not start last and run alone."""
+    ``last_seconds``: how long each (file name, mode) took last time (:func:`last_seconds`);
+    with several jobs the longest start first (files not timed before first of all), so a long
+    file does not start last and run alone."""
     if not files:
         raise CoremeshError(
             f"no test files selected in {tree.tests}",
