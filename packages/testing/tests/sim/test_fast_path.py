@@ -87,7 +87,7 @@ def test_shipped_kernels_run_compiled_and_match_the_interpreter(name: str) -> No
         ("add_one", "compiled"),
         ("indexed_add_one", "compiled"),
         ("swap_kernel", "interpreted: get_barrier_semaphore"),
-        ("sc_add_one", "interpreted: a kernel over a named grid of cores"),
+        ("sc_add_one", "interpreted: a DMA of a slice whose size is known only at run time"),
     ],
 )
 def test_guide_kernels_over_a_core_mesh_take_the_path_they_can_and_say_why(

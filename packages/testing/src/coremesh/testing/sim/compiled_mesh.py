@@ -1,5 +1,8 @@
-"""A ``pl.kernel`` / ``core_map`` kernel over a TensorCore mesh as compiled XLA, with its local
-DMAs and DMA semaphores followed exactly at the cost of a few comparisons each.
+"""A ``pl.kernel`` / ``core_map`` kernel over a TensorCore mesh, or a SparseCore mesh (the named
+grid of cores it becomes), as compiled XLA, with its local DMAs and DMA semaphores followed
+exactly at the cost of a few comparisons each. A SparseCore indexed DMA (``table.at[idx_ref]``)
+is one gather or scatter, its indices read as a load; a scatter whose repeated indices send
+different data to one place is the interpreter's (which lands last is the order of the rows).
 
 The interpreter runs every load, store, DMA and semaphore operation of such a kernel as a host
 callback. A kernel whose cores only copy between their device's HBM and their own VMEM/SMEM with
@@ -48,8 +51,9 @@ FLAG_REASONS = {
     8: "an index outside its ref",
     16: "the result holds unwritten memory",
     32: "a load of unwritten integer or bool memory",
+    64: "an indexed DMA writing different data to one element (the order is the interpreter's)",
 }
-_HAZARD, _WAIT, _LEFT, _BOUNDS, _TAINT, _UNWRITTEN = 1, 2, 4, 8, 16, 32
+_HAZARD, _WAIT, _LEFT, _BOUNDS, _TAINT, _UNWRITTEN, _REPEATED = 1, 2, 4, 8, 16, 32, 64
 
 _MEMORY_SPACES = ("none", "default", "any", "hbm", "vmem", "smem", "semaphore_mem")
 _REF_CONTAINERS = ("scan", "while", "cond", "pjit", "jit", "closed_call", "run_scoped")
@@ -59,19 +63,39 @@ _PURE_PALLAS = ("multiple_of",)
 # ------------------------------------------------------------------ which kernels run here
 
 
+def core_axes(kw: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+    """The kernel's core axes, major first, with their sizes: a TensorCore mesh's axis, or the
+    named grid a SparseCore ``pl.kernel`` becomes (``('core', 'subcore')`` for a vector
+    subcore mesh), whose points are the cores."""
+    mesh, gm = kw.get("mesh"), kw["grid_mapping"]
+    if mesh is not None:
+        return tuple((str(name), int(size)) for name, size in mesh.shape.items())
+    return tuple((str(name), int(size)) for name, size in zip(gm.grid_names, gm.grid, strict=True))
+
+
 def why_interpreted(kw: dict[str, Any], checked: bool, zero_fill: bool) -> str | None:
-    """None when the mesh kernel of ``kw`` (``interpret_pallas_call``'s keywords) runs here;
-    else why it takes the interpreter. ``checked``: the uninitialized-read check is on."""
+    """None when the core kernel of ``kw`` (``interpret_pallas_call``'s keywords: a mesh, or a
+    named grid of cores) runs here; else why it takes the interpreter. ``checked``: the
+    uninitialized-read check is on."""
     from jax._src.pallas.mosaic import core as mosaic_core
 
     mesh, gm, jaxpr = kw.get("mesh"), kw["grid_mapping"], kw["jaxpr"]
-    if not isinstance(mesh, mosaic_core.TensorCoreMesh):
+    if mesh is not None and not isinstance(mesh, mosaic_core.TensorCoreMesh):
         return f"a kernel over a {type(mesh).__name__} (only TensorCore meshes run compiled)"
     if gm.num_dynamic_grid_bounds or gm.num_index_operands or gm.vmapped_dims:
         return "a mesh kernel with scalar prefetch, a dynamic or a vmapped grid"
     if getattr(jaxpr, "constvars", ()):
         return "a kernel that closes over constants"
-    (axis,) = tuple(mesh.shape)
+    if mesh is None:
+        if not all(isinstance(n, int) for n in gm.grid):
+            return "a named grid whose size is known only at run time"
+        for bm in gm.block_mappings:
+            if memory_space(bm.block_aval) not in ("any", "hbm"):
+                return (
+                    f"a named grid with an operand in {memory_space(bm.block_aval)} (blocks the "
+                    "pipeline copies at every grid point)"
+                )
+    axes = tuple(name for name, _ in core_axes(kw))
     n_io = len(gm.block_mappings)
     aliased = {o for _, o in kw.get("input_output_aliases") or ()}
     fresh = [v.aval for v in jaxpr.invars[n_io:]]
@@ -85,7 +109,7 @@ def why_interpreted(kw: dict[str, Any], checked: bool, zero_fill: bool) -> str |
         if reason:
             return reason
     for eqn in all_eqns(jaxpr):
-        reason = _eqn_reason(eqn, axis)
+        reason = _eqn_reason(eqn, axes, named_grid=mesh is None)
         if reason:
             return reason
         if eqn.primitive.name == "run_scoped":
@@ -137,7 +161,7 @@ def _ref_reason(aval: Any) -> str | None:
     return None
 
 
-def _eqn_reason(eqn: Any, axis: str) -> str | None:
+def _eqn_reason(eqn: Any, axes: tuple[str, ...], *, named_grid: bool) -> str | None:
     from jax._src import tree_util
     from jax._src.state import indexing
 
@@ -145,9 +169,11 @@ def _eqn_reason(eqn: Any, axis: str) -> str | None:
 
     name = eqn.primitive.name
     if name == "axis_index":
-        if eqn.params.get("axis_name") != axis:
-            return f"axis_index({eqn.params.get('axis_name')!r}) (only the core axis runs compiled)"
+        if eqn.params.get("axis_name") not in axes:
+            return f"axis_index({eqn.params.get('axis_name')!r}) (only the core axes run compiled)"
         return None
+    if name in ("program_id", "num_programs") and not named_grid:
+        return f"{name} in a mesh kernel"
     if name in ("dma_start", "dma_wait"):
         src, dst, sem, src_sem, device_id = eqn.params["tree"].unflatten(eqn.invars)
         if device_id is not None or src_sem is not None or eqn.params.get("is_wait_send"):
@@ -155,11 +181,11 @@ def _eqn_reason(eqn: Any, axis: str) -> str | None:
         if eqn.params.get("add"):
             return "a DMA with add=True"
         for part in (src, dst, sem):
-            for t in getattr(part, "transforms", ()):
-                if not isinstance(t, indexing.NDIndexer):
-                    return f"a DMA of a ref transform ({type(t).__name__})"
+            reason = _dma_transforms_reason(getattr(part, "transforms", ()))
+            if reason:
+                return reason
         return None
-    if name in ("get", "swap", "addupdate") and "tree" in eqn.params:
+    if eqn.primitive in _state_primitives() and "tree" in eqn.params:
         values = 1 if name == "get" else 2
         transforms = tree_util.tree_unflatten(eqn.params["tree"], eqn.invars[values:])
         for t in transforms or ():
@@ -193,6 +219,34 @@ def _eqn_reason(eqn: Any, axis: str) -> str | None:
                 return "a ref carried by a loop"
     if any(_is_ref(v) for v in eqn.outvars):
         return f"{name} returning a ref"
+    return None
+
+
+def _state_primitives() -> tuple[Any, ...]:
+    """jax's ref get, swap and addupdate (a SparseCore ``plsc`` load or store shares a name)."""
+    from jax._src.state import primitives as state_primitives
+
+    return (state_primitives.get_p, state_primitives.swap_p, state_primitives.addupdate_p)
+
+
+def _dma_transforms_reason(transforms: Any) -> str | None:
+    """Why a DMA's ref transforms take the interpreter: one that is not an indexer, or an
+    index vector (a SparseCore indexed DMA's ``table.at[idx_ref]``) whose length is known only
+    at run time (``idx_ref.at[pl.ds(0, n)]``)."""
+    from jax._src import indexing as slices
+    from jax._src.state import indexing
+
+    for t in transforms:
+        if not isinstance(t, indexing.NDIndexer):
+            return f"a DMA of a ref transform ({type(t).__name__})"
+        if not all(isinstance(n, int) for n in t.int_indexer_shape):
+            return "an indexed DMA whose number of indices is known only at run time"
+        for index in t.indices:
+            if isinstance(index, slices.Slice) and not isinstance(index.size, int):
+                return "a DMA of a slice whose size is known only at run time"
+            reason = _dma_transforms_reason(getattr(index, "transforms", ()))
+            if reason:
+                return reason
     return None
 
 
@@ -358,6 +412,25 @@ def _out_of_bounds(transforms: Any) -> Any:
     return bad
 
 
+def _indexed(transforms: Any) -> bool:
+    """Is one of ``transforms`` indexed by a vector (a SparseCore gather or scatter)?"""
+    from jax._src import indexing as slices
+
+    return any(
+        not isinstance(i, slices.Slice) and np.ndim(i) > 0
+        for t in transforms
+        for i in getattr(t, "indices", ())
+    )
+
+
+def _same_bits(a: Any, b: Any) -> Any:
+    """Elementwise: do ``a`` and ``b`` hold the same bits (a NaN is the NaN it was)?"""
+    if jnp.issubdtype(a.dtype, jnp.floating):
+        width = {2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[a.dtype.itemsize]
+        return lax.bitcast_convert_type(a, width) == lax.bitcast_convert_type(b, width)
+    return a == b
+
+
 def _overlaps(key: int, region: Region, ref_keys: Any, lo: Any, hi: Any, active: Any) -> Any:
     rlo, rhi = region
     inside = jnp.all((lo < rhi[None, :]) & (rlo[None, :] < hi), axis=1)
@@ -371,9 +444,10 @@ class _Evaluator:
     """Evaluates a kernel's jaxpr with its refs held in a :class:`_State` (at trace time, so
     loops become XLA loops that carry the state)."""
 
-    def __init__(self, state: _State, core: Any) -> None:
+    def __init__(self, state: _State, coords: dict[str, Any], sizes: dict[str, int]) -> None:
         self.state = state
-        self.core = core
+        self.coords = coords  # core axis name -> this core's coordinate on it
+        self.sizes = sizes
 
     def eval(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
         from jax._src import core as jax_core
@@ -463,8 +537,29 @@ class _Evaluator:
         parts = []
         for part in (src, dst, sem):
             ref = getattr(part, "ref", part)
-            parts += [ref, tuple(getattr(part, "transforms", ()))]
+            parts += [ref, tuple(self._read_indices(t) for t in getattr(part, "transforms", ()))]
         return tuple(parts)
+
+    def _read_indices(self, transform: Any) -> Any:
+        """``transform`` with each index that is a ref (a SparseCore indexed DMA's
+        ``table.at[idx_ref]``) replaced by the indices the ref holds now, read as a load."""
+        from jax._src.state import indexing
+
+        if not isinstance(transform, indexing.NDIndexer):
+            return transform
+        indices = list(transform.indices)
+        for d, index in enumerate(indices):
+            ref = getattr(index, "ref", index)
+            if isinstance(ref, _Ref):
+                inner = tuple(self._read_indices(t) for t in getattr(index, "transforms", ()))
+                self._access(ref, inner, write=False)
+                self._check_written(ref, inner)
+                from jax._src.state import discharge
+
+                indices[d] = discharge.transform_array(self.state.refs[ref.key], inner)
+        if all(a is b for a, b in zip(indices, transform.indices, strict=True)):
+            return transform
+        return dataclasses.replace(transform, indices=tuple(indices))
 
     def _sem_index(self, sem_ref: _Ref, transforms: Any) -> Any:
         from jax._src.state import discharge
@@ -486,6 +581,9 @@ class _Evaluator:
         st.raise_flag(sem.active[s], _HAZARD)
         data = discharge.transform_array(st.refs[src.key], src_t)
         _, st.refs[dst.key] = discharge.transform_swap_array(st.refs[dst.key], dst_t, data)
+        if _indexed(dst_t):  # a scatter: repeated indices must carry the same data
+            back = discharge.transform_array(st.refs[dst.key], dst_t)
+            st.raise_flag(~jnp.all(_same_bits(back, data)), _REPEATED)
         # A DMA copies what it reads, written or not (the interpreter's shadow does the same).
         written = st.read_written(src, src_t)
         st.mark_written(dst, dst_t, True if written is None else written)
@@ -529,8 +627,16 @@ class _Evaluator:
     # -- the core's index, scopes, control flow
 
     def _axis_index(self, eqn: Any, ins: list[Any]) -> list[Any]:
-        del eqn, ins  # the only axis that runs here is the core's
-        return [self.core]
+        del ins  # only the core axes run here (why_interpreted)
+        return [self.coords[eqn.params["axis_name"]]]
+
+    def _program_id(self, eqn: Any, ins: list[Any]) -> list[Any]:
+        del ins  # a named grid's points are its cores
+        return [list(self.coords.values())[eqn.params["axis"]]]
+
+    def _num_programs(self, eqn: Any, ins: list[Any]) -> list[Any]:
+        del ins
+        return [jnp.int32(list(self.sizes.values())[eqn.params["axis"]])]
 
     def _run_scoped(self, eqn: Any, ins: list[Any]) -> list[Any]:
         inner = eqn.params["jaxpr"]
@@ -615,6 +721,8 @@ _RULES: dict[str, Callable[..., list[Any]]] = {
     "dma_start": _Evaluator._dma_start,
     "dma_wait": _Evaluator._dma_wait,
     "axis_index": _Evaluator._axis_index,
+    "program_id": _Evaluator._program_id,
+    "num_programs": _Evaluator._num_programs,
     "run_scoped": _Evaluator._run_scoped,
     "pjit": _Evaluator._pjit,
     "jit": _Evaluator._pjit,
@@ -655,7 +763,7 @@ def run(
 
     # Operands typed with a memory space (HBM outputs of other kernels) are plain arrays here.
     args = tuple(ipc.remove_memory_space_p.bind(a) for a in args)
-    jaxpr, gm, mesh = kw["jaxpr"], kw["grid_mapping"], kw["mesh"]
+    jaxpr, gm = kw["jaxpr"], kw["grid_mapping"]
     n_out = gm.num_outputs
     n_in = len(gm.block_mappings) - n_out
     invars = jaxpr.invars
@@ -678,12 +786,17 @@ def run(
             outputs.append(inputs[aliases[k]])
         else:
             outputs.append(st.allocate(v.aval))
-    (cores,) = (int(n) for n in mesh.shape.values())
+    sizes = dict(core_axes(kw))
+    cores = int(np.prod(list(sizes.values())))
 
     def one_core(core: Any, carry: Any) -> Any:
         st.load(carry)
+        coords, rest = {}, core
+        for name, size in reversed(sizes.items()):  # row-major, as the interpreter's grid
+            coords[name], rest = rest % size, rest // size
+        coords = {name: coords[name] for name in sizes}
         scratch = [st.allocate(v.aval) for v in invars[n_in + n_out :]]
-        _Evaluator(st, core).eval(jaxpr, (), [*inputs, *outputs, *scratch])
+        _Evaluator(st, coords, sizes).eval(jaxpr, (), [*inputs, *outputs, *scratch])
         st.release(scratch)
         return st.carry()
 

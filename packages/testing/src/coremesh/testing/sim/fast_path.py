@@ -4,9 +4,11 @@ interpreter, and the record of which path each kernel took.
 A ``pallas_call`` runs compiled when nothing in it needs the interpreter's exact model: no DMA,
 semaphore, barrier, remote or device-id operation, core mesh, SparseCore primitive or callback;
 only blocks the pipeline copies into VMEM/SMEM, VMEM/SMEM scratch, pure compute and plain ref
-loads, stores and add-updates. Everything else, and every kernel while the simulator runs a
-check only the interpreter does (the race detector, a DMA schedule, a random grid order, a
-call's own ``InterpretParams``), takes the interpreter, and the reason is recorded. So does a
+loads, stores and add-updates. A kernel over a core mesh (TensorCore, or SparseCore as a
+named grid) runs compiled when its cores keep to local DMAs they wait for (:mod:`compiled_mesh`).
+Everything else, and every kernel while the simulator runs a check only the interpreter does
+(the race detector, a DMA schedule, a random grid order, a call's own ``InterpretParams``), takes
+the interpreter, and the reason is recorded. So does a
 kernel whose unwritten memory the compiled path cannot follow while the uninitialized-read check
 is on (integer or bool scratch, outputs or partial blocks, where there is no NaN to carry the
 taint, and a zero fill). The trace-time refusals (VMEM/SMEM capacity, operand dtypes, meshes)
@@ -115,10 +117,8 @@ def why_interpreted(kw: dict[str, Any], params: Any) -> str | None:
 def _cannot(kw: dict[str, Any], checked: bool, zero_fill: bool) -> str | None:
     """Why the kernel of ``kw`` cannot run compiled (None: it can)."""
     gm, jaxpr = kw["grid_mapping"], kw["jaxpr"]
-    if kw.get("mesh") is not None:
+    if kw.get("mesh") is not None or getattr(gm, "grid_names", None):
         return compiled_mesh.why_interpreted(kw, checked, zero_fill)
-    if getattr(gm, "grid_names", None):
-        return "a kernel over a named grid of cores (pl.kernel / core_map): the interpreter's"
     if gm.num_dynamic_grid_bounds:
         return "a grid whose size is known only at run time"
     if gm.vmapped_dims or gm.local_grid_env is not None:
@@ -300,7 +300,7 @@ def targets() -> list[tuple[Any, str, Any]]:
         if reason is not None:
             return orig_call(*args, interpret_params=interpret_params, **kw)
         taint = "uninitialized_reads" not in interpret_params.patches_off
-        if kw.get("mesh") is not None:
+        if kw.get("mesh") is not None or getattr(kw["grid_mapping"], "grid_names", None):
             return compiled_mesh.run(
                 *args,
                 kw=kw,
