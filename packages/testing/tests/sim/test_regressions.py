@@ -150,6 +150,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "kernel_key_impls",  # test_kernel_key_impls.py
         "resident_aliases",  # test_resident_aliases.py
         "hardware_prng",  # test_hardware_prng.py
+        "pipeline_primitive",  # test_pipeline_primitive.py
     }
     assert covered == set(PATCH_NAMES)
 

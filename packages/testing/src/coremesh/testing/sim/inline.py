@@ -94,7 +94,8 @@ def inline(jaxpr: Any, rule_of: Callable[[Any], Rule | None]) -> tuple[Any, list
                 e.replace(
                     invars=[
                         v if isinstance(v, jax_core.Literal) else local.get(v, v) for v in e.invars
-                    ]
+                    ],
+                    effects=_renamed(e.effects, local),
                 )
             )
         for out, new in zip(eqn.outvars, inner.outvars, strict=True):
@@ -108,6 +109,22 @@ def inline(jaxpr: Any, rule_of: Callable[[Any], Rule | None]) -> tuple[Any, list
         jaxpr.debug_info,
     )
     return new, extra_consts
+
+
+def _renamed(effs: Any, local: dict[Any, Any]) -> Any:
+    """An equation's effects with the inputs they name renamed as its operands are (an
+    equation's input effect names the variable it reads or writes: left as the trace's own,
+    it names no input of the jaxpr the equation is spliced into, and jax refuses the jaxpr
+    the next time it collects effects, e.g. around a ``run_scoped``)."""
+    from jax._src import effects
+
+    def rename(e: Any) -> Any:
+        if isinstance(e, effects.JaxprInputEffect) and isinstance(e.input, jax_core.Var):
+            new = local.get(e.input, e.input)
+            return e.replace(new) if not isinstance(new, jax_core.Literal) else e
+        return e
+
+    return type(effs)(rename(e) for e in effs)
 
 
 def spliced(

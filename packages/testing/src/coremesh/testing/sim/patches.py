@@ -1046,6 +1046,12 @@ def _regular_dma_targets() -> list[tuple[Any, str, Any]]:
     return regular_dma.targets()
 
 
+def _pipeline_primitive_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import pipeline_primitive
+
+    return pipeline_primitive.targets()
+
+
 def _schedule_targets() -> list[tuple[Any, str, Any]]:
     from coremesh.testing.sim import schedule
 
@@ -1148,6 +1154,16 @@ PATCHES: tuple[Patch, ...] = (
         "primitive ... not found for platform cpu', a raw CpuCallback error); before jax 0.12 "
         "so has pltpu.trace_value",
         _value_ops_targets,
+    ),
+    Patch(
+        "pipeline_primitive",
+        "with jax_use_emit_pipeline_primitive on, the emit_pipeline primitive has no interpreter "
+        "rule (interpret_pallas_call.py:1688 binds it on the refs' buffer ids): the kernel fails "
+        'with "`JaxprInputEffect` Read<...> does not have a corresponding jaxpr input" or a '
+        "raw CpuCallback error ('Cannot lower jaxpr with effects'); jax 0.11 expands it as the "
+        "lowering does (emit_pipeline_to_jaxpr)",
+        _pipeline_primitive_targets,
+        fixed_in="0.11.0",
     ),
     Patch(
         "mpmd_refusal",
