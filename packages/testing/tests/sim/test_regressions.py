@@ -18,7 +18,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import tpu_sc as plsc
 
-from coremesh.core import MeshError, jax_compat, jax_versions
+from coremesh.core import jax_compat, jax_versions
 from coremesh.testing.guide import PROGRAMS
 from coremesh.testing.plugin import Pending, launch
 from coremesh.testing.sim import (
@@ -125,7 +125,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "regular_dma_semaphores",  # test_regular_dma.py
         "sparsecore_axes",
         "sparsecore_primitives",
-        "mpmd_refusal",
+        "mpmd_kernels",  # test_mpmd.py
         "closed_scalars",
         "own_interpret_params",  # tests/sim/test_own_interpret_params.py
         "compile_cache",
@@ -440,37 +440,6 @@ def test_sparsecore_primitives_indexed_dma() -> None:
     with simulate(devices=1) as sim:
         got, want = indexed_dma_gather(sim)
         np.testing.assert_array_equal(got, want)
-
-
-# mpmd_refusal -----------------------------------------------------------------------------
-
-
-def mpmd_add_one() -> Any:
-    """A pl.kernel over a vector-subcore and a scalar-subcore mesh (two programs, MPMD)."""
-    vector = plsc.VectorSubcoreMesh(core_axis_name="core", subcore_axis_name="subcore")
-    scalar = plsc.ScalarSubcoreMesh(axis_name="core", num_cores=vector.num_cores)
-
-    def add_one(x_hbm: Any, o_hbm: Any) -> None:
-        pltpu.sync_copy(x_hbm, o_hbm)
-
-    def idle(x_hbm: Any, o_hbm: Any) -> None:
-        del x_hbm, o_hbm
-
-    k = pl.kernel(
-        [add_one, idle], out_type=jax.ShapeDtypeStruct((16,), jnp.int32), mesh=[vector, scalar]
-    )
-    return jax.jit(k)(jnp.zeros(16, jnp.int32))
-
-
-def test_mpmd_refusal() -> None:
-    with (
-        simulate(devices=1, disable_patches=["mpmd_refusal"]),
-        pytest.raises(NotImplementedError, match="Lowering multiple mesh/function pairs"),
-    ):
-        mpmd_add_one()
-    with simulate(devices=1), pytest.raises(MeshError, match="cannot run on the simulator") as e:
-        mpmd_add_one()
-    assert e.value.chip == "v5p" and "compile-only target" in str(e.value.fix)
 
 
 # closed_scalars ---------------------------------------------------------------------------

@@ -161,31 +161,10 @@ def _no_sparsecore(chip: SimulatedChip, what: str) -> UnsupportedOnChipError:
     )
 
 
-def mpmd_refusal(chip: SimulatedChip) -> MeshError:
-    """Why a kernel over several meshes (MPMD) cannot run on the simulator, and what to do."""
-    return MeshError(
-        "an MPMD SparseCore kernel (several body/mesh pairs) cannot run on the simulator",
-        rule="Pallas' interpret mode cannot lower several mesh/function pairs (jax 0.10.2, "
-        "0.11.2 and 0.12.0.1 alike)",
-        chip=chip.name,
-        fix="check it with the compile-only target (coremesh.testing.aot), or run its "
-        "vector- and scalar-subcore bodies as two kernels to simulate them",
-    )
-
-
 def _mpmd_targets() -> list[tuple[Any, str, Any]]:
-    from jax._src.pallas import mpmd
+    from coremesh.testing.sim import mpmd
 
-    orig = mpmd._mpmd_map_fallback_lowering
-
-    def fallback_lowering(ctx: Any, *in_nodes: Any, **params: Any) -> Any:
-        # Upstream (mpmd.py:500) raises NotImplementedError for a pl.kernel over several
-        # meshes on CPU, interpret mode included: refuse it with what to do instead.
-        if len(params["jaxprs"]) > 1:
-            raise mpmd_refusal(current())
-        return orig(ctx, *in_nodes, **params)
-
-    return [(mpmd, "_mpmd_map_fallback_lowering", fallback_lowering)]
+    return mpmd.targets()
 
 
 def _get_sparse_core_info() -> Any:
@@ -1166,7 +1145,7 @@ PATCHES: tuple[Patch, ...] = (
         fixed_in="0.11.0",
     ),
     Patch(
-        "mpmd_refusal",
+        "mpmd_kernels",
         "pl.kernel over several meshes (MPMD) fails to lower in interpret mode with "
         "'NotImplementedError: Lowering multiple mesh/function pairs' (mpmd.py:500)",
         _mpmd_targets,

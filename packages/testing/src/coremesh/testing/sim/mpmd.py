@@ -1,0 +1,494 @@
+"""MPMD kernels (``pl.kernel`` over several meshes) as one interpreted kernel.
+
+On a TPU, Mosaic lowers the bodies of an MPMD kernel into one module, one function per mesh
+(``pallas_call_registration.mpmd_map_tpu_lowering_rule``), and the SparseCore runs them at once:
+the vector subcores one body, the scalar subcores another, on the same operands, outputs and
+scratch. A scratch semaphore tied to a mesh (``pltpu.SemaphoreType.REGULAR(()) @ v_mesh``) is one
+semaphore per core of that mesh; a body signals another mesh's semaphore by naming its cores in
+``device_id`` (``lowering._device_id_to_logical``: an axis left out is the signaller's own, and
+addressing vector subcores from a scalar subcore must name the subcore axis). jax's CPU lowering
+(``mpmd._mpmd_map_fallback_lowering``) refuses more than one body.
+
+Here the bodies are one kernel on a grid ``(body, *axes of all meshes)``, its first axis
+parallel and split over as many interpreter cores as there are bodies: each body runs on its own
+thread, concurrently with the others, and the cores of its mesh run one after the other as the
+grid steps of that thread (as a SparseCore mesh's subcores do in the simulator; a step whose
+coordinates lie outside the body's mesh does nothing). A semaphore tied to a mesh is allocated
+with one element per core of that mesh; a wait, read or signal takes the element of the core it
+names, and a signal goes to the interpreter core that runs that mesh. So bodies that wait for one
+another make progress, and a wait nothing can meet is the watchdog's named deadlock.
+
+Refused by name: scratch in ``VMEM_SHARED`` that more than one body uses (each interpreter core
+has its own), DMAs on mesh-tied semaphores, refs tied to a mesh outside the kernel (an
+asynchronous copy into a TensorCore's VMEM), and closed-over scalars.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax import lax
+from jax._src import core as jax_core
+from jax._src import tree_util
+from jax._src.pallas import core as pallas_core
+from jax._src.pallas import primitives as pallas_primitives
+from jax._src.pallas.mosaic import core as tpu_core
+from jax._src.state import types as state_types
+from jax.experimental import pallas as pl
+
+from coremesh.testing.sim import compat, inline
+from coremesh.testing.sim.chip import current
+from coremesh.testing.sim.errors import NotSimulatedError
+
+#: The grid axis that picks the body.
+BODY_AXIS = "__coremesh_mpmd_body"
+
+_SEMAPHORE_PRIMITIVES = ("semaphore_signal", "semaphore_wait", "semaphore_read")
+_DMA_PRIMITIVES = ("dma_start", "dma_wait")
+
+_ClosedJaxpr = compat.closed_jaxpr_class()
+
+
+def _refusal(what: str, why: str) -> NotSimulatedError:
+    return NotSimulatedError(
+        f"{what} in an MPMD kernel (several body/mesh pairs) is not simulated",
+        rule=why,
+        chip=current().name,
+        fix="check the kernel with the compile-only target (coremesh.testing.aot)",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The kernel's meshes, the super-mesh of their axes and the interpreter core of each."""
+
+    meshes: tuple[Any, ...]
+    axes: tuple[tuple[str, int], ...]
+    core_of: tuple[int, ...]
+
+    def index(self, mesh: Any) -> int:
+        for k, m in enumerate(self.meshes):
+            if m is mesh or m == mesh:
+                return k
+        raise _refusal(
+            f"a ref tied to a mesh outside the kernel ({mesh})",
+            "the simulator runs the kernel's own meshes; an asynchronous copy into another "
+            "kernel's memory (an external mesh) is not modelled",
+        )
+
+
+def _tied(aval: Any) -> Any:
+    space = getattr(aval, "memory_space", None)
+    return space if isinstance(space, pallas_core.CoreMemorySpace) else None
+
+
+def _is_semaphore_space(space: Any) -> bool:
+    return space is tpu_core.MemorySpace.SEMAPHORE
+
+
+def _fix_aval(aval: Any, plan: Plan) -> Any:
+    """A mesh-tied semaphore as one semaphore per core of its mesh; another mesh-tied space as
+    the space it wraps (each interpreter core has its own)."""
+    space = _tied(aval)
+    if space is None:
+        return aval
+    mesh = plan.meshes[plan.index(space.mesh)]
+    if _is_semaphore_space(space.memory_space):
+        shape = (*mesh.shape.values(), *aval.shape)
+        return aval.update(
+            inner_aval=aval.inner_aval.update(shape=shape), memory_space=space.memory_space
+        )
+    return aval.update(memory_space=space.memory_space)
+
+
+def _axis(name: str) -> Any:
+    return lax.axis_index(name)
+
+
+def _missing_axes_error(src: Any, dest: Any, given: set[str], missing: set[str]) -> ValueError:
+    # Mosaic's words (lowering.py _device_id_to_logical).
+    return ValueError(
+        f"When addressing {dest.core_type} from {src.core_type} and specifying axes={given} "
+        f"the following axes are missing from the mesh: {missing}."
+    )
+
+
+def _target(
+    device_id: Any, src: Any, dest: Any
+) -> tuple[tuple[Any, ...], dict[Any, Any] | Any | None]:
+    """The coordinates in ``dest`` a signal from a core of ``src`` names, and the device part
+    of its ``device_id``; an axis left out is the signaller's own, as Mosaic resolves it."""
+    named = dict(device_id) if isinstance(device_id, dict) else {}
+    axes = list(dest.shape)
+    if dest is not src and dest.core_type != src.core_type:
+        missing = set(axes) - set(src.shape) - set(named)
+        if missing:
+            raise _missing_axes_error(src, dest, set(named), missing)
+    coords = tuple(named.pop(a) if a in named else _axis(a) for a in axes)
+    if isinstance(device_id, dict):
+        rest: Any = named or None
+    else:
+        rest = device_id
+    return coords, rest
+
+
+def _at(ref: Any, coords: Sequence[Any], transforms: Any) -> Any:
+    view = ref.at[tuple(coords)]
+    return state_types.TransformedRef(view.ref, (*view.transforms, *transforms))
+
+
+def _semaphore_rule(eqn: Any, src: Any, plan: Plan) -> Any:
+    """A rule tracing ``eqn`` (a semaphore op on a mesh-tied semaphore) on the widened one."""
+    dest = _tied(eqn.invars[0].aval).mesh
+    name = eqn.primitive.name
+    tree = eqn.params["args_tree"]
+
+    def rule(*flat: Any, **params: Any) -> list[Any]:
+        if name == "semaphore_signal":
+            sem, transforms, inc, device_id, core_index = tree_util.tree_unflatten(tree, flat)
+            if core_index is not None:
+                raise _refusal("core_index on a mesh-tied semaphore", "name the cores in device_id")
+            coords, rest = _target(device_id, src, dest)
+            kind = params["device_id_type"]
+            extra = {} if kind == pl.DeviceIdType.MESH else {"device_id_type": kind}
+            pl.semaphore_signal(
+                _at(sem, coords, transforms),
+                inc,
+                device_id=rest,
+                core_index=plan.core_of[plan.index(dest)],
+                **extra,
+            )
+            return []
+        if dest is not src:
+            raise _refusal(
+                f"a {name} on another mesh's semaphore", "a core waits on its own semaphores"
+            )
+        own = tuple(_axis(a) for a in dest.shape)
+        if name == "semaphore_wait":
+            sem, transforms, value, decrement = tree_util.tree_unflatten(tree, flat)
+            pl.semaphore_wait(_at(sem, own, transforms), value, decrement=decrement)
+            return []
+        sem, transforms = tree_util.tree_unflatten(tree, flat)
+        return [pallas_primitives.semaphore_read(_at(sem, own, transforms))]
+
+    return rule
+
+
+def _get(table: dict[Any, Any], v: Any) -> Any:
+    return table.get(v, v)
+
+
+def _remap_effects(effects: Any, var: Any) -> Any:
+    out = set()
+    for eff in effects:
+        target = getattr(eff, "input", None)
+        out.add(eff.replace(var(target)) if isinstance(target, jax_core.Var) else eff)
+    return type(effects)(out) if not isinstance(effects, set) else out
+
+
+def _fix_level(jaxpr: Any, src: Any, plan: Plan) -> Any:
+    """``jaxpr`` (a body of mesh ``src``, or a jaxpr inside one) with mesh-tied refs as the
+    interpreter holds them and each op on a mesh-tied semaphore addressing its element."""
+    if _ClosedJaxpr is not None and isinstance(jaxpr, _ClosedJaxpr):
+        return jaxpr.replace(jaxpr=_fix_level(jaxpr.jaxpr, src, plan))
+    new_vars: dict[Any, Any] = {}
+
+    def var(v: Any) -> Any:
+        if isinstance(v, jax_core.Literal):
+            return v
+        if v not in new_vars:
+            aval = _fix_aval(v.aval, plan)
+            new_vars[v] = v if aval is v.aval else type(v)(aval)
+        return new_vars[v]
+
+    def param(p: Any) -> Any:
+        if isinstance(p, tuple | list):
+            return type(p)(param(item) for item in p)
+        if isinstance(p, jax_core.Jaxpr) or (
+            _ClosedJaxpr is not None and isinstance(p, _ClosedJaxpr)
+        ):
+            return _fix_level(p, src, plan)
+        return p
+
+    eqns: list[Any] = []
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        tied = [v for v in eqn.invars if not isinstance(v, jax_core.Literal) and _tied(v.aval)]
+        tied_sems = [v for v in tied if _is_semaphore_space(_tied(v.aval).memory_space)]
+        if name in _DMA_PRIMITIVES and tied_sems:
+            raise _refusal(
+                "a DMA on a mesh-tied semaphore",
+                "the simulator addresses mesh-tied semaphores in signals and waits only",
+            )
+        if name in _SEMAPHORE_PRIMITIVES and tied_sems:
+            new_in = [var(v) for v in eqn.invars]
+            traced = inline.trace_body(
+                lambda *a, _e=eqn: _semaphore_rule(_e, src, plan)(*a, **_e.params),
+                [v.aval for v in new_in],
+            )
+            local = dict(zip(traced.invars, new_in, strict=True))
+            for e in traced.eqns:
+                eqns.append(
+                    e.replace(
+                        invars=[
+                            v if isinstance(v, jax_core.Literal) else local.get(v, v)
+                            for v in e.invars
+                        ],
+                        effects=_remap_effects(e.effects, functools.partial(_get, local)),
+                    )
+                )
+            for out, new in zip(eqn.outvars, traced.outvars, strict=True):
+                new_vars[out] = local.get(new, new)
+            continue
+        eqns.append(
+            eqn.replace(
+                invars=[var(v) for v in eqn.invars],
+                outvars=[var(v) for v in eqn.outvars],
+                params={k: param(p) for k, p in eqn.params.items()},
+                effects=_remap_effects(eqn.effects, var),
+            )
+        )
+    return jaxpr.replace(
+        constvars=[var(v) for v in jaxpr.constvars],
+        invars=[var(v) for v in jaxpr.invars],
+        outvars=[var(v) for v in jaxpr.outvars],
+        eqns=eqns,
+        effects=_remap_effects(jaxpr.effects, var),
+    )
+
+
+def _used(jaxpr: Any) -> set[Any]:
+    from coremesh.testing.sim.jaxprs import all_eqns
+
+    used: set[Any] = set()
+    for eqn in all_eqns(jaxpr):
+        used.update(v for v in eqn.invars if isinstance(v, jax_core.Var))
+    return used
+
+
+def _check_shared(jaxprs: Sequence[Any], n_operands: int) -> None:
+    """Scratch in VMEM_SHARED used by more than one body is refused: each interpreter core (a
+    body) has its own, where the chip's subcores share it."""
+    used = [_used(j) for j in jaxprs]
+    for i in range(n_operands, len(jaxprs[0].invars)):
+        space = getattr(jaxprs[0].invars[i].aval, "memory_space", None)
+        if space is not tpu_core.MemorySpace.VMEM_SHARED:
+            continue
+        users = sum(j.invars[i] in u for j, u in zip(jaxprs, used, strict=True))
+        if users > 1:
+            raise _refusal(
+                "VMEM_SHARED scratch used by more than one body",
+                "the simulator runs each body on its own interpreter core, whose VMEM_SHARED "
+                "is its own; on the chip the subcores of a SparseCore share it",
+            )
+
+
+def _check_scoped(jaxprs: Sequence[Any]) -> None:
+    """From jax 0.11 a body's ``run_scoped`` (``sync_copy`` makes one for its semaphore) fails
+    in the combined kernel: the interpreter allocates a captured HBM ref as a new buffer
+    ("Cannot allocate HBM in `run_scoped`", interpret_pallas_call.py run_scoped_p). Refused by
+    name there until that is understood; jax 0.10.2 runs such kernels."""
+    from coremesh.core import jax_versions
+    from coremesh.testing.sim.jaxprs import all_eqns
+
+    if not jax_versions.at_least("0.11.0"):
+        return
+    for jaxpr in jaxprs:
+        if any(eqn.primitive.name == "run_scoped" for eqn in all_eqns(jaxpr)):
+            raise _refusal(
+                "a run_scoped (or sync_copy) in a body, on jax 0.11 and later",
+                "the interpreter allocates a ref the scope captures as a new HBM buffer "
+                "('Cannot allocate HBM in `run_scoped`'); jax 0.10.2 runs such kernels",
+            )
+
+
+def _super_axes(meshes: Sequence[Any]) -> tuple[tuple[str, int], ...]:
+    axes: dict[str, int] = {}
+    for mesh in meshes:
+        axes.update(mesh.shape)
+    return tuple(axes.items())
+
+
+_PLACEHOLDER = "coremesh_mpmd_body_"
+
+
+def _placeholder(k: int) -> Any:
+    """A call the combined kernel makes where body ``k`` runs; its jaxpr is swapped for the
+    body's afterwards (re-binding a body's equations would re-stage them: jax 0.12 turns a
+    ``run_scoped``'s captured refs into inputs, which its interpreter then allocates)."""
+
+    def call(*refs: Any) -> None:
+        del refs
+
+    call.__name__ = call.__qualname__ = f"{_PLACEHOLDER}{k}"
+    return jax.jit(call)
+
+
+def _swap_placeholders(jaxpr: Any, bodies: Sequence[Any]) -> Any:
+    if _ClosedJaxpr is not None and isinstance(jaxpr, _ClosedJaxpr):
+        return jaxpr.replace(jaxpr=_swap_placeholders(jaxpr.jaxpr, bodies))
+
+    def param(p: Any) -> Any:
+        if isinstance(p, tuple | list):
+            return type(p)(param(item) for item in p)
+        if isinstance(p, jax_core.Jaxpr) or (
+            _ClosedJaxpr is not None and isinstance(p, _ClosedJaxpr)
+        ):
+            return _swap_placeholders(p, bodies)
+        return p
+
+    eqns = []
+    for eqn in jaxpr.eqns:
+        name = str(eqn.params.get("name", ""))
+        if eqn.primitive.name in ("pjit", "jit") and name.startswith(_PLACEHOLDER):
+            body = bodies[int(name[len(_PLACEHOLDER) :])]
+            old = eqn.params["jaxpr"]
+            new = old.replace(jaxpr=body) if _ClosedJaxpr is not None else body
+            eqns.append(eqn.replace(params={**eqn.params, "jaxpr": new}))
+            continue
+        eqns.append(eqn.replace(params={k: param(p) for k, p in eqn.params.items()}))
+    return jaxpr.replace(eqns=eqns)
+
+
+def combine(jaxprs: Sequence[Any], meshes: Sequence[Any], n_operands: int, plan: Plan) -> Any:
+    """One kernel jaxpr: at grid point ``(body, *axes)`` the body's jaxpr, when the point lies
+    in its mesh."""
+    from jax._src.pallas import mpmd as upstream
+
+    _check_shared(jaxprs, n_operands)
+    _check_scoped(jaxprs)
+    fixed = []
+    for jaxpr, mesh in zip(jaxprs, meshes, strict=True):
+        with upstream.mpmd_map_tracing_context(mesh, tuple(meshes)):
+            fixed.append(_fix_level(jaxpr, mesh, plan))
+    avals = [v.aval for v in fixed[0].invars]
+
+    def body(*refs: Any) -> list[Any]:
+        which = _axis(BODY_AXIS)
+        for k, mesh in enumerate(meshes):
+            active = which == k
+            for name, _ in plan.axes:
+                if name not in mesh.shape:
+                    active = active & (_axis(name) == 0)
+            pl.when(active)(lambda k=k: _placeholder(k)(*refs))
+        return []
+
+    with jax_core.extend_axis_env_nd(((BODY_AXIS, len(meshes)), *plan.axes)):
+        combined = inline.trace_body(body, avals)
+    return _swap_placeholders(combined, fixed)
+
+
+def _core_of(grid: tuple[int, ...], params: Any) -> tuple[int, ...]:
+    """The interpreter core that runs each body: the interpreter shuffles a parallel axis with
+    the call's seed (``_get_randomized_grid_coordinates``); core k runs the body it draws."""
+    from jax._src import mesh as mesh_lib
+    from jax._src import sharding_impls
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    # Outside the lowering's shard_map mesh, on the host (as the interpreter computes it).
+    with (
+        jax.ensure_compile_time_eval(),
+        sharding_impls._internal_use_concrete_mesh(mesh_lib.empty_concrete_mesh),
+        mesh_lib.use_abstract_mesh(mesh_lib.empty_abstract_mesh),
+    ):
+        coords = ipc._get_randomized_grid_coordinates(grid, params, None)
+    order = [int(b) for b in np.asarray(coords[0])]
+    return tuple(order.index(k) for k in range(grid[0]))
+
+
+def lower(ctx: Any, *in_nodes: Any, **params: Any) -> Any:
+    """The CPU lowering of an MPMD kernel: one interpreted kernel, a thread per body."""
+    from jax._src import tree_util as tu
+    from jax._src.pallas import pallas_call
+    from jax._src.state import types as st
+
+    meshes, jaxprs = tuple(params["meshes"]), params["jaxprs"]
+    if params.get("external_meshes"):
+        raise _refusal(
+            "a ref tied to a mesh outside the kernel",
+            "an asynchronous copy into another kernel's memory (an external mesh) is not modelled",
+        )
+    out_avals = params["out_avals"]
+    n_in = len(in_nodes)
+    if any(
+        isinstance(v.aval, jax_core.ShapedArray) and not v.aval.shape
+        for v in jaxprs[0].invars[:n_in]
+    ):
+        raise _refusal("a closed-over scalar", "only ref operands are passed to MPMD bodies")
+    axes = _super_axes(meshes)
+    grid = (len(meshes), *(size for _, size in axes))
+    semantics = ("parallel", *("arbitrary" for _ in axes))
+    compiler_params = params["compiler_params"] or tpu_core.CompilerParams()
+    compiler_params = compiler_params.replace(dimension_semantics=semantics)
+    plan = Plan(meshes, axes, _core_of(grid, compiler_params))
+    jaxpr = combine(jaxprs, meshes, n_in + len(out_avals), plan)
+
+    default = meshes[0].default_memory_space
+
+    def spec(aval: Any) -> Any:
+        space = aval.memory_space if isinstance(aval, jax_core.ShapedArray) else None
+        keep = space is not None and not isinstance(space, jax_core.MemorySpace)
+        return pallas_core.BlockSpec(memory_space=space if keep else default)
+
+    n_scratch = len(jaxpr.invars) - n_in - len(out_avals)
+    scratch = [v.aval for v in jaxpr.invars[len(jaxpr.invars) - n_scratch :]] if n_scratch else []
+    grid_spec = pallas_core.GridSpec(
+        grid=((BODY_AXIS, len(meshes)), *axes),
+        in_specs=tuple(spec(a) for a in ctx.avals_in),
+        out_specs=tuple(spec(a) for a in out_avals),
+        scratch_shapes=tuple(pallas_core.MemoryRef(a.inner_aval, a.memory_space) for a in scratch),
+    )
+
+    def inner(v: Any) -> Any:
+        return v.aval.inner_aval if isinstance(v.aval, st.AbstractRef) else v.aval
+
+    _, grid_mapping = pallas_core.get_grid_mapping(
+        grid_spec,
+        [inner(v) for v in jaxpr.invars[:n_in]],
+        tu.tree_structure(in_nodes),
+        [f"arg{i}" for i in range(n_in)],
+        [inner(v) for v in jaxpr.invars[n_in : n_in + len(out_avals)]],
+        tu.tree_structure(out_avals),
+        [f"out{i}" for i in range(len(out_avals))],
+        debug=params["debug"],
+    )
+    interpret = params["interpret"]
+    changes: dict[str, Any] = {"num_cores_or_threads": len(meshes), "random_seed": None}
+    if hasattr(interpret, "fast_path_off"):
+        changes["fast_path_off"] = "an MPMD kernel (its bodies run on threads of their own)"
+    interpret = dataclasses.replace(interpret, **changes)
+    return pallas_call._pallas_call_lowering(
+        ctx,
+        *in_nodes,
+        jaxpr=jaxpr,
+        grid_mapping=grid_mapping,
+        mesh=None,
+        input_output_aliases=tuple(params["input_output_aliases"].items()),
+        debug=params["debug"],
+        interpret=interpret,
+        compiler_params=compiler_params,
+        cost_estimate=params["cost_estimate"],
+        out_avals=out_avals,
+        metadata=params["metadata"],
+        name=params["name"],
+    )
+
+
+def targets() -> list[tuple[Any, str, Any]]:
+    from jax._src.pallas import mpmd as upstream
+
+    orig = upstream._mpmd_map_fallback_lowering
+
+    def fallback_lowering(ctx: Any, *in_nodes: Any, **params: Any) -> Any:
+        # Upstream (mpmd.py _mpmd_map_fallback_lowering) raises NotImplementedError for more
+        # than one mesh/function pair on CPU, interpret mode included.
+        if len(params["jaxprs"]) > 1:
+            return lower(ctx, *in_nodes, **params)
+        return orig(ctx, *in_nodes, **params)
+
+    return [(upstream, "_mpmd_map_fallback_lowering", fallback_lowering)]

@@ -1,0 +1,217 @@
+"""Patch ``mpmd_kernels`` on every supported jax line: a ``pl.kernel`` over a vector-subcore and
+a scalar-subcore mesh runs, its bodies at once on the same operands, each mesh-tied semaphore one
+per core of its mesh and addressed by ``device_id``; results against numpy. Stock interpret mode
+refuses to lower it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import tpu_sc as plsc
+
+from coremesh.core import jax_versions
+from coremesh.testing.sim import NotSimulatedError, SimulationDeadlock, simulate
+
+pytestmark = pytest.mark.sim
+
+SUBCORES = 2
+LANES = 8
+#: From jax 0.11 a body's run_scoped (sync_copy's too) is refused by name (sim/mpmd.py).
+SCOPED_REFUSED = jax_versions.at_least("0.11.0")
+
+
+def meshes() -> tuple[Any, Any]:
+    cores = plsc.get_sparse_core_info().num_cores
+    vector = plsc.VectorSubcoreMesh(
+        core_axis_name="core", subcore_axis_name="subcore", num_cores=cores, num_subcores=SUBCORES
+    )
+    return vector, plsc.ScalarSubcoreMesh(axis_name="core", num_cores=cores)
+
+
+def halves(x: jax.Array) -> jax.Array:
+    """The vector subcores write 3x into the first half, the scalar subcores 4x into the second
+    (upstream's test_parallel_subkernels, without shared scratch)."""
+    vector, scalar = meshes()
+
+    def on_vector(x_hbm: Any, o_hbm: Any) -> None:
+        def body(buf: Any) -> None:
+            pltpu.sync_copy(x_hbm, buf)
+            buf[...] += 2 * buf[...]
+            pltpu.sync_copy(buf, o_hbm.at[: x.size])
+
+        pl.run_scoped(body, pltpu.VMEM(x.shape, x.dtype))
+
+    def on_scalar(x_hbm: Any, o_hbm: Any) -> None:
+        def body(buf: Any) -> None:
+            pltpu.sync_copy(x_hbm, buf)
+
+            @pl.loop(0, x.size)
+            def _(i: Any) -> None:
+                buf[i] += 3 * buf[i]
+
+            pltpu.sync_copy(buf, o_hbm.at[x.size :])
+
+        pl.run_scoped(body, pltpu.SMEM(x.shape, x.dtype))
+
+    return pl.kernel(
+        body=[on_vector, on_scalar],
+        mesh=[vector, scalar],
+        out_type=jax.ShapeDtypeStruct((2 * x.size,), x.dtype),
+    )(x)
+
+
+def handoff(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Each scalar subcore stages its SparseCore's row of ``x`` and signals that core's vector
+    subcores (by name), which copy it to their own row of the output and signal back; the
+    scalar subcore waits for all of them. Needs both bodies at once."""
+    vector, scalar = meshes()
+
+    def on_vector(x_hbm: Any, stage: Any, out: Any, tec: Any, scs: Any) -> None:
+        del x_hbm
+        c, s = jax.lax.axis_index("core"), jax.lax.axis_index("subcore")
+        pl.semaphore_wait(tec, 1)
+
+        def body(buf: Any) -> None:
+            pltpu.sync_copy(stage.at[c], buf)
+            pltpu.sync_copy(buf, out.at[c, s])
+
+        pl.run_scoped(body, pltpu.VMEM((LANES,), jnp.int32))
+        pl.semaphore_signal(scs, 1, device_id={"core": c})
+
+    def on_scalar(x_hbm: Any, stage: Any, out: Any, tec: Any, scs: Any) -> None:
+        del out
+        c = jax.lax.axis_index("core")
+        pltpu.sync_copy(x_hbm.at[c], stage.at[c])
+        for s in range(SUBCORES):
+            pl.semaphore_signal(tec, 1, device_id={"core": c, "subcore": s})
+        pl.semaphore_wait(scs, SUBCORES)
+
+    cores = x.shape[0]
+    out: tuple[jax.Array, jax.Array] = pl.kernel(
+        body=[on_vector, on_scalar],
+        mesh=[vector, scalar],
+        out_type=(
+            jax.ShapeDtypeStruct((cores, LANES), jnp.int32),
+            jax.ShapeDtypeStruct((cores, SUBCORES, LANES), jnp.int32),
+        ),
+        scratch_types=[
+            pltpu.SemaphoreType.REGULAR(()) @ vector,
+            pltpu.SemaphoreType.REGULAR(()) @ scalar,
+        ],
+    )(x)
+    return out
+
+
+def ping(*, only_subcore_0: bool = False) -> jax.Array:
+    """Each scalar subcore signals its SparseCore's vector subcores by name and waits for one
+    signal back from each; semaphores only."""
+    vector, scalar = meshes()
+
+    def on_vector(_: Any, tec: Any, scs: Any) -> None:
+        pl.semaphore_wait(tec, 1)
+        pl.semaphore_signal(scs, 1, device_id={"core": jax.lax.axis_index("core")})
+
+    def on_scalar(_: Any, tec: Any, scs: Any) -> None:
+        c = jax.lax.axis_index("core")
+        for s in range(1 if only_subcore_0 else SUBCORES):
+            pl.semaphore_signal(tec, 1, device_id={"core": c, "subcore": s})
+        pl.semaphore_wait(scs, SUBCORES)
+
+    return pl.kernel(
+        body=[on_vector, on_scalar],
+        mesh=[vector, scalar],
+        out_type=jax.ShapeDtypeStruct((LANES,), jnp.int32),
+        scratch_types=[
+            pltpu.SemaphoreType.REGULAR(()) @ vector,
+            pltpu.SemaphoreType.REGULAR(()) @ scalar,
+        ],
+    )()
+
+
+def test_stock_cannot_lower_an_mpmd_kernel() -> None:
+    x = jnp.arange(LANES, dtype=jnp.int32)
+    with (
+        simulate("v5p", devices=1, disable_patches=["mpmd_kernels"]),
+        pytest.raises(NotImplementedError, match="Lowering multiple mesh/function pairs"),
+    ):
+        jax.block_until_ready(halves(x))
+
+
+def test_bodies_share_their_operands_and_output() -> None:
+    x = jnp.arange(LANES, dtype=jnp.int32) - 3
+    with simulate("v5p", devices=1):
+        if SCOPED_REFUSED:
+            with pytest.raises(NotSimulatedError, match="run_scoped"):
+                jax.jit(halves)(x)
+            return
+        out = np.asarray(jax.jit(halves)(x))
+    want = np.asarray(x)
+    np.testing.assert_array_equal(out, np.concatenate([3 * want, 4 * want]))
+
+
+def test_bodies_run_at_once_and_address_each_core_semaphore() -> None:
+    with simulate("v5p", devices=1):
+        jax.block_until_ready(jax.jit(ping)())  # a deadlock if the bodies took turns
+        cores = plsc.get_sparse_core_info().num_cores
+        x = jnp.arange(cores * LANES, dtype=jnp.int32).reshape(cores, LANES) * 7
+        if SCOPED_REFUSED:
+            with pytest.raises(NotSimulatedError, match="run_scoped"):
+                jax.jit(handoff)(x)
+            return
+        stage, out = jax.jit(handoff)(x)
+        want = np.asarray(x)
+        np.testing.assert_array_equal(np.asarray(stage), want)
+        np.testing.assert_array_equal(
+            np.asarray(out), np.broadcast_to(want[:, None], (cores, SUBCORES, LANES))
+        )
+
+
+def test_a_subcore_nobody_signals_is_a_named_deadlock() -> None:
+    with simulate("v5p", devices=1, deadline=2.0), pytest.raises(SimulationDeadlock) as err:
+        jax.block_until_ready(jax.jit(lambda: ping(only_subcore_0=True))())
+    assert err.value.device == 0 and err.value.core in (0, 1)
+    assert "semaphore" in str(err.value.semaphore)
+
+
+def test_addressing_vector_subcores_needs_the_subcore_axis() -> None:
+    """Mosaic's check (lowering.py _device_id_to_logical), made at trace time here too."""
+    with simulate("v5p", devices=1):
+        vector, scalar = meshes()
+
+        def on_vector(_: Any, tec: Any) -> None:
+            pl.semaphore_wait(tec, 1)
+
+        def on_scalar(_: Any, tec: Any) -> None:
+            pl.semaphore_signal(tec, device_id={"core": jax.lax.axis_index("core")})
+
+        k = pl.kernel(
+            body=[on_vector, on_scalar],
+            mesh=[vector, scalar],
+            out_type=jax.ShapeDtypeStruct((LANES,), jnp.int32),
+            scratch_types=[pltpu.SemaphoreType.REGULAR(()) @ vector],
+        )
+        with pytest.raises(ValueError, match=r"missing from the mesh: \{'subcore'\}"):
+            jax.jit(k)()
+
+
+def test_vmem_shared_used_by_two_bodies_is_refused() -> None:
+    with simulate("v5p", devices=1):
+        vector, scalar = meshes()
+
+        def both(x_hbm: Any, o_hbm: Any, shared: Any) -> None:
+            pltpu.sync_copy(x_hbm, shared)
+
+        k = pl.kernel(
+            body=[both, both],
+            mesh=[vector, scalar],
+            out_type=jax.ShapeDtypeStruct((LANES,), jnp.int32),
+            scratch_types=(pltpu.VMEM_SHARED((LANES,), jnp.int32),),
+        )
+        with pytest.raises(NotSimulatedError, match="VMEM_SHARED"):
+            jax.jit(k)(jnp.zeros(LANES, jnp.int32))
