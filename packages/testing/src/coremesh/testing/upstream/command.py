@@ -163,7 +163,7 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         jobs=args.jobs,
         memory_limit=_memory_limit(args.memory_limit, args.jobs),
         give_up=args.give_up or None,
-        last_seconds=last,
+        previous_seconds=last,
     )
     table = _write_tables(out, runs, tree, version, wall_s=time.perf_counter() - started)
     stdout.write(table)

@@ -289,12 +289,12 @@ def run_tree(
     jobs: int = 1,
     memory_limit: int | None = None,
     give_up: int | None = None,
-    last_seconds: Mapping[tuple[str, str], float] | None = None,
+    previous_seconds: Mapping[tuple[str, str], float] | None = None,
 ) -> list[FileRun]:
     """Each file in each mode, ``jobs`` (file, mode) runs at a time; the result in file, then
     mode, order; ``progress`` hears of each as it finishes. ``only``: per file name, the node ids
     to run (a subset); files it does not name run whole. ``give_up`` applies to stock runs.
-    ``last_seconds``: how long each (file name, mode) took last time (:func:`last_seconds`);
+    ``previous_seconds``: how long each (file name, mode) took last time (:func:`last_seconds`);
     with several jobs the longest start first (files not timed before first of all), so a long
     file does not start last and run alone."""
     if not files:
@@ -305,7 +305,7 @@ def run_tree(
     if jobs < 1:
         raise CoremeshError(f"--jobs {jobs}", rule="at least one run at a time", fix="--jobs 1")
     pairs = [(file, mode) for file in files for mode in modes]
-    order = start_order(pairs, last_seconds or {}) if jobs > 1 else pairs
+    order = start_order(pairs, previous_seconds or {}) if jobs > 1 else pairs
     lock = threading.Lock()
 
     def one(pair: tuple[Path, Mode]) -> FileRun:
