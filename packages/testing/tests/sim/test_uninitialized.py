@@ -31,7 +31,7 @@ def read_scratch(x_ref: Any, o_ref: Any, s_ref: Any) -> None:
 
 def half_written(x_ref: Any, o_ref: Any, s_ref: Any) -> None:
     s_ref[0:4, :] = x_ref[0:4, :]
-    o_ref[...] = s_ref[...]
+    o_ref[...] = s_ref[...] * 2.0
 
 
 def read_written_half(x_ref: Any, o_ref: Any, s_ref: Any) -> None:
@@ -69,10 +69,12 @@ def test_the_check_can_be_turned_off() -> None:
 
 def read_scoped_poison(of: Any, oi: Any, o8: Any, ob: Any) -> None:
     def body(sf: Any, si: Any, s8: Any, sb: Any) -> None:
-        of[...] = sf[...]
-        oi[...] = si[...]
+        # Uses, not copies (a copy hands on the states): the int8 one is a copy (Mosaic has no
+        # int8 vector arithmetic).
+        of[...] = sf[...] * 1.0
+        oi[...] = si[...] * 1
         o8[...] = s8[...]
-        ob[...] = sb[...]
+        ob[...] = sb[...] & True
 
     pl.run_scoped(
         body, *(pltpu.VMEM((8, 128), d) for d in (jnp.float32, jnp.int32, jnp.int8, jnp.bool_))

@@ -17,7 +17,11 @@ Like MemorySanitizer, a read of unwritten bytes is reported where it is *used*, 
 kernels read them and throw them away (JAX's megablox gmm merges ``select(mask, acc, out[...])``
 into a block it has not written yet), and a copy is not a use: a DMA takes the states of its
 source to its destination (JAX's ``test_compute_slice_bounded_slice_vmem`` copies a partly
-written VMEM buffer whole to its output and checks only the rows it wrote). What a DMA must not
+written VMEM buffer whole to its output and checks only the rows it wrote), and so does a store
+whose value is a load moved unchanged (``o_ref[...] = acc_ref[...].astype(...)``, through casts,
+reshapes, transposes, slices and broadcasts: :mod:`coremesh.testing.sim.copies` finds those in
+the jaxpr), element for element; unwritten or computed elements it copies get the tagged NaN
+back in their new place (a cast to bfloat16 drops it). What a DMA must not
 read is memory that a DMA in flight has yet to write: from its start to its completion a DMA's
 destination elements are *pending*, and a DMA reading one raises at once (the data is whichever
 of old and new bytes the chip has by then: a missing wait, or one satisfied by another DMA).
@@ -51,8 +55,9 @@ from typing import Any
 
 import numpy as np
 
-from coremesh.testing.sim import faults
+from coremesh.testing.sim import copies, faults
 from coremesh.testing.sim.chip import current_name
+from coremesh.testing.sim.copies import LoadSource, StoreSource
 from coremesh.testing.sim.deadlock import semaphore_description
 from coremesh.testing.sim.errors import UninitializedReadError
 
@@ -62,6 +67,8 @@ _ATTR = "_coremesh_written"
 _NOTES = "_coremesh_semaphore_notes"
 #: On the SharedMemory: where the run first read unwritten memory (``_read_parts``' dict).
 _ORIGIN = "_coremesh_first_unwritten_read"
+#: On the SharedMemory: per (device, core), the map of the output block being copied to HBM.
+_BLOCKS = "_coremesh_block_states"
 _tls = threading.local()
 #: States of an element in a shadow map: never written, written, written with a value computed
 #: from unwritten memory (a store of the tainted NaN), and not yet written by a DMA that has
@@ -284,15 +291,22 @@ def targets() -> list[tuple[Any, str, Any]]:
 
     def get_buffer_content(self: Any, key: Any, rnge: Any, *a: Any, **kw: Any) -> Any:
         out = orig_get(self, key, rnge, *a, **kw)
+        dma = getattr(_tls, "dma", None)
+        info = kw.get("logging_info")
+        source_info = getattr(info, "source_info", None)
+        copy = source_info if dma is None and isinstance(source_info, LoadSource) else None
+        if copy is not None:
+            _forget_copy(copy, info)  # this load's states, if recorded below, replace them
         written = _maps(self).get(key)
         if written is None:
             return out
         view = _view(written, rnge)
         if view is None or view.shape != np.shape(out[0]):
             return out  # out of bounds: the interpreter's own error stands
-        dma = getattr(_tls, "dma", None)
-        info = kw.get("logging_info")
-        source_info = getattr(info, "source_info", None)
+        if copy is not None and view.shape == copy.shape:
+            _record_copy(copy, info, view.copy())
+            if copy.copy_only and not (view == PENDING).any():
+                return out  # its value goes only into copies: no use of it
         if dma is None and source_info is None:
             if key[0] in ("any", "hbm"):
                 # The result is read back: values computed from unwritten memory are used here.
@@ -306,7 +320,7 @@ def targets() -> list[tuple[Any, str, Any]]:
             else:
                 # The pipeline copies an output block to HBM: the window takes the block's
                 # map, and the block buffer holds a stale block from now on.
-                _tls.carry = view.copy()
+                _block_states(self)[_core(info) if info is not None else key[2:4]] = view.copy()
                 written[...] = UNWRITTEN
                 if self.uninitialized_memory == "nan":
                     _poison(self.mem[key].content)
@@ -323,13 +337,21 @@ def targets() -> list[tuple[Any, str, Any]]:
                 self.__dict__[_ORIGIN] = _read_parts(self, key, rnge, view, info, dma)
         return out
 
-    def _mark(self: Any, key: Any, rnge: Any, value: Any, mask: Any = None) -> None:
+    def _mark(
+        self: Any, key: Any, rnge: Any, value: Any, mask: Any = None, info: Any = None
+    ) -> None:
         written = _maps(self).get(key)
-        carry = getattr(_tls, "carry", None)
-        _tls.carry = None
         dma = getattr(_tls, "dma", None)
-        if carry is None and dma is not None:
+        store = getattr(info, "source_info", None)
+        carry = None
+        if dma is not None:
             carry = dma.__dict__.pop("_coremesh_carry", None)
+        elif info is not None and store is None:  # the pipeline's copy of a block to HBM
+            carry = _block_states(self).pop(_core(info), None)
+        elif isinstance(store, StoreSource):
+            copied = _copied_states(store, info)
+            if copied is not None and _mark_copy(self, key, rnge, value, mask, copied):
+                return
         tainted = _tainted(np.asarray(value)) if _origin(self) is not None else None
         if written is None:
             if tainted is None or not tainted.any():
@@ -350,14 +372,14 @@ def targets() -> list[tuple[Any, str, Any]]:
 
     def store_buffer_content(self: Any, key: Any, rnge: Any, value: Any, *a: Any, **kw: Any) -> Any:
         out = orig_store(self, key, rnge, value, *a, **kw)
-        _mark(self, key, rnge, value)
+        _mark(self, key, rnge, value, info=kw.get("logging_info"))
         return out
 
     def swap_buffer_content(
         self: Any, key: Any, rnge: Any, value: Any, mask: Any, *a: Any, **kw: Any
     ) -> Any:
         out = orig_swap(self, key, rnge, value, mask, *a, **kw)
-        _mark(self, key, rnge, value, mask)
+        _mark(self, key, rnge, value, mask, kw.get("logging_info"))
         return out
 
     orig_call = ipc.interpret_pallas_call
@@ -383,7 +405,79 @@ def targets() -> list[tuple[Any, str, Any]]:
         (sm_cls, "swap_buffer_content", swap_buffer_content),
     ]
     out += _dma_targets(ipc, memory)
+    out += copies.targets()
     return out
+
+
+def _core(info: Any) -> tuple[int, int]:
+    """(device, core) of an access, from its logging info."""
+    return int(info.device_id), int(info.local_core_id)
+
+
+def _block_states(sm: Any) -> dict[tuple[int, int], np.ndarray]:
+    """Per (device, core): the map of the output block the pipeline is copying to HBM, from its
+    read of the block to its write of the window (the two callbacks may run on different
+    threads, and another core's accesses between them)."""
+    states = sm.__dict__.get(_BLOCKS)
+    if states is None:
+        states = sm.__dict__.setdefault(_BLOCKS, {})
+    return states  # type: ignore[no-any-return]
+
+
+def _forget_copy(load: LoadSource, info: Any) -> None:
+    load.states.pop(_core(info), None)
+
+
+def _record_copy(load: LoadSource, info: Any, states: np.ndarray) -> None:
+    load.states[_core(info)] = states
+
+
+def _copied_states(store: StoreSource, info: Any) -> np.ndarray | None:
+    """The states of a copying store's value: its load's, moved as the value's elements were
+    (None when its load recorded none: a buffer without a map, a range out of bounds)."""
+    states = store.load.states.get(_core(info))
+    if states is None:
+        return None
+    moved = store.move(states)
+    return moved if moved.shape == store.shape else None
+
+
+def _mark_copy(sm: Any, key: Any, rnge: Any, value: Any, mask: Any, copied: np.ndarray) -> bool:
+    """A store of a copy: its elements take the states of those it copies (those a DMA had yet
+    to land count as computed, as a store of any value); their memory holds the tagged NaN
+    again where they are unwritten or computed from unwritten memory (a cast to bfloat16 drops
+    it). False if the shapes do not fit: the store is marked as any other."""
+    value = np.asarray(value)
+    if mask is not None:
+        mask = np.asarray(mask, bool)
+    if copied.shape != value.shape or (mask is not None and mask.shape != value.shape):
+        return False
+    states = copied
+    if (states == PENDING).any():
+        tainted = _tainted(value)
+        fresh = np.where(tainted, DERIVED, WRITTEN) if tainted is not None else WRITTEN
+        states = np.where(states == PENDING, fresh, states)
+    stale = states != WRITTEN
+    if mask is not None:
+        stale &= mask
+    written = _maps(sm).get(key)
+    if written is None:
+        if not stale.any():
+            return True
+        written = _maps(sm)[key] = np.full(sm.mem[key].content.shape, WRITTEN, np.uint8)
+    try:
+        index = tuple(rnge)
+        target = written[index]
+        if target.shape != states.shape:
+            return False
+        written[index] = states if mask is None else np.where(mask, states, target)
+    except Exception:
+        return True  # an out-of-bounds store: the interpreter raised (or clipped) it already
+    content = sm.mem[key].content
+    layout = taint_layout(content.dtype)
+    if stale.any() and layout is not None and sm.uninitialized_memory == "nan":
+        content[index].view(layout[0])[stale] = tainted_nan(layout)
+    return True
 
 
 _pending_lock = threading.Lock()
