@@ -125,6 +125,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "regular_dma_semaphores",  # test_regular_dma.py
         "sparsecore_axes",
         "sparsecore_primitives",
+        "subcore_barrier",  # test_subcore_barrier.py
         "mpmd_kernels",  # test_mpmd.py
         "closed_scalars",
         "own_interpret_params",  # tests/sim/test_own_interpret_params.py

@@ -135,7 +135,15 @@ def test_out_of_range_gather_index_raises() -> None:
 
 @pytest.mark.parametrize(
     ("name", "body"),
-    [("plsc.subcore_barrier", lambda vi, vo, w, n: plsc.subcore_barrier())],
+    [  # (plsc.subcore_barrier is simulated: tests/sim/test_subcore_barrier.py)
+        (
+            "plsc.fetch_and_add",
+            lambda vi, vo, w, n: pl.run_scoped(
+                lambda smem: plsc.fetch_and_add(smem.at[0], 1, subcore_id=0),
+                pltpu.SMEM((1,), jnp.int32),
+            ),
+        )
+    ],
 )
 def test_unsimulated_primitives_are_refused(name: str, body: Body) -> None:
     with pytest.raises(NotSimulatedError, match=f"{name} is not simulated") as info:

@@ -158,9 +158,15 @@ class Watchdog:
         self.progress()
 
 
-def semaphore_description(sem: Any) -> str:
-    """How errors name one of the interpreter's semaphores."""
+def semaphore_description(sem: Any, core: int | None = None) -> str:
+    """How errors name one of the interpreter's semaphores (``core``: the core waiting on it)."""
+    from coremesh.testing.sim import subcore_barrier
+
     fixed = sem.shared_memory.fixed_id_sem
+    if fixed.get(sem.id) is sem:
+        barrier = subcore_barrier.describe(int(sem.id), core)
+        if barrier is not None:
+            return barrier
     if fixed.get(sem.id) is sem:
         return f"the barrier semaphore (collective_id={sem.id})"
     return f"semaphore #{sem.id - 2000} of the kernel (id {sem.id})"

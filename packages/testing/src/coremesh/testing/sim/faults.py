@@ -301,6 +301,8 @@ def buffer_key(
 
     space_i = _int(space)
     space_name = ipc.TPU_MEMORY_SPACE_NAMES.get(space_i, str(space)) if space_i is not None else "?"
+    if core is not None:  # HBM on core 0 (and VMEM_SHARED where patch subcore_barrier shares it)
+        core = int(ipc._local_core_id_or_zero_if_hbm(core, space_name))
     return space_name, _int(buffer_id), device, 0 if space_name in ("any", "hbm") else core
 
 

@@ -525,7 +525,7 @@ def _interpret_call_targets() -> list[tuple[Any, str, Any]]:
     from jax._src.pallas.mosaic import core as mosaic_core
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
-    from coremesh.testing.sim import core_semaphores, sparsecore
+    from coremesh.testing.sim import core_semaphores, sparsecore, subcore_barrier
 
     orig = ipc.interpret_pallas_call
 
@@ -561,6 +561,12 @@ def _interpret_call_targets() -> list[tuple[Any, str, Any]]:
                 # mesh's grid already carries each subcore's coordinates: without the mesh in
                 # the context, axis_index reads them (the grid_names branch). The subcores run
                 # one after the other on one thread.
+                if "subcore_barrier" in _state.enabled and subcore_barrier.uses_barrier(
+                    kw["jaxpr"]
+                ):
+                    # A barrier: the subcores of a SparseCore run at once, on threads.
+                    interpret_params = subcore_barrier.prepare(mesh, interpret_params, kw)
+                    return orig(*args, mesh=None, interpret_params=interpret_params, **kw)
                 mesh = None
                 interpret_params = dataclasses.replace(interpret_params, num_cores_or_threads=1)
                 # The steps would share the kernel's scratch semaphores: each gets its own.
@@ -738,6 +744,12 @@ def _run_jaxpr(jaxpr: Any, consts: Any, *args: Any) -> None:
 _compile_cache = _CompileCache()
 
 
+def _subcore_barrier_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import subcore_barrier
+
+    return subcore_barrier.targets()
+
+
 def _compile_cache_targets() -> list[tuple[Any, str, Any]]:
     # Upstream (thread_map.py:34) traces, lowers and compiles every core's program again on
     # every kernel call: ~0.25 s of a warm 2-core call that does ~5 ms of work.
@@ -765,7 +777,7 @@ def _watchdog_targets() -> list[tuple[Any, str, Any]]:
         # check_failed below asks the watchdog whether it has become a deadlock.
         gcid = int(global_core_id)
         device, core = divmod(gcid, self.shared_memory.num_cores_per_device)
-        key = WATCHDOG.begin_wait(device, core, semaphore_description(self), int(value))
+        key = WATCHDOG.begin_wait(device, core, semaphore_description(self, core), int(value))
         outer = getattr(current, "wait", None)
         current.wait = (key, self, gcid)
         try:
@@ -1102,6 +1114,15 @@ PATCHES: tuple[Patch, ...] = (
         "load_gather/store_scatter/parallel_loop have no interpreter rule "
         "(interpret_pallas_call.py:1701)",
         _sparsecore_primitive_targets,
+    ),
+    Patch(
+        "subcore_barrier",
+        "plsc.subcore_barrier() cannot be honoured: the simulator runs a SparseCore mesh's "
+        "subcores one after the other on one interpreter core (patch sparsecore_axes), and the "
+        "interpreter keeps VMEM_SHARED per core (interpret_pallas_call.py "
+        "_local_core_id_or_zero_if_hbm shares HBM only), so subcores on threads would not "
+        "share it",
+        _subcore_barrier_targets,
     ),
     Patch(
         "scoped_refs",

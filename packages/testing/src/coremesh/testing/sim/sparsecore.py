@@ -59,8 +59,10 @@ never silently wrong.
   (:func:`own_memory_spaces`); one tied to another core type is refused.
 * a DMA with ``add=True`` (the destination accumulates): refused. The interpreter ignores
   ``add`` and overwrites.
-* ``subcore_barrier``: refused. The interpreter runs a SparseCore mesh's subcores one after the
-  other on one thread, which cannot honour a barrier between them.
+* ``subcore_barrier``: simulated by patch ``subcore_barrier`` (:mod:`.subcore_barrier`), which
+  runs a kernel that has one with its subcores on threads and takes the barrier out before this
+  scan. Refused here only with that patch off: the subcores then run one after the other on one
+  thread, which cannot honour a barrier between them.
 """
 
 from __future__ import annotations
@@ -106,8 +108,8 @@ _API_NAMES = {
 }
 
 _WHY_BARRIER = (
-    "the interpreter runs the subcores of a SparseCore mesh one after the other on one thread, "
-    "so a barrier between them cannot be honoured"
+    "with patch subcore_barrier off, the interpreter runs the subcores of a SparseCore mesh one "
+    "after the other on one thread, so a barrier between them cannot be honoured"
 )
 
 
