@@ -16,7 +16,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import tpu_sc as plsc
 
-from coremesh.testing.sim import Simulator, simulate
+from coremesh.testing.sim import SimulationFault, Simulator, simulate
 
 pytestmark = pytest.mark.sim
 
@@ -171,7 +171,7 @@ def test_an_index_outside_the_table_is_the_same_error_on_both_paths() -> None:
     indices[5] = TABLE_ROWS  # one past the last row
     for fast in (True, False):
         with simulate("TPU7x", 1, fast_path=fast) as sim:
-            with pytest.raises(Exception, match="lane 5 indexes 64 in dimension 0"):
+            with pytest.raises(SimulationFault, match="lane 5 indexes 64 in dimension 0"):
                 sim.run(jax.jit(gather), table(), indices)
             if fast:
                 (path,) = set(sim.paths.values())

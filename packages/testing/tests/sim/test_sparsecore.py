@@ -16,7 +16,7 @@ from jax.experimental.pallas import tpu_sc as plsc
 
 import coremesh.core as cc
 from coremesh.core import jax_versions
-from coremesh.testing.sim import NotSimulatedError, simulate
+from coremesh.testing.sim import NotSimulatedError, SimulationFault, simulate
 
 pytestmark = pytest.mark.sim
 
@@ -127,10 +127,16 @@ def test_parallel_loop_with_a_carry() -> None:
 
 def test_out_of_range_gather_index_raises() -> None:
     def body(v_in: Any, v_out: Any, w: Any, lanes: int) -> None:
-        v_out[...] = plsc.load_gather(v_in, [reversed_lanes(lanes) + 1])
+        v_out[...] = plsc.load_gather(v_in, [reversed_lanes(lanes) + 1])  # the line named
 
-    with pytest.raises(IndexError, match=r"load_gather: lane 0 indexes 8 in dimension 0"):
+    with pytest.raises(SimulationFault) as caught:
         run_on_subcores("v5p", body)
+    fault = caught.value
+    assert "load_gather: lane 0 indexes 8 in dimension 0" in str(fault)
+    assert isinstance(fault.__cause__, IndexError)
+    line = body.__code__.co_firstlineno + 1
+    assert fault.location is not None and f"test_sparsecore.py:{line} " in fault.location
+    assert "subcore" in str(fault) and fault.kernel is not None
 
 
 @pytest.mark.parametrize(
@@ -252,8 +258,13 @@ def test_indexed_dma_out_of_range_raises() -> None:
             pltpu.sync_copy(t.at[i.at[0]], rows)
             pltpu.sync_copy(rows, o)
 
-        with pytest.raises(Exception, match="lane 3 indexes 16 in dimension 0"):
+        with pytest.raises(SimulationFault, match="lane 3 indexes 16 in dimension 0") as caught:
             indexed_dma(sim, gather, table, idx, 8)
+    # pltpu.sync_copy's helpers use up the 10 frames jax keeps of a traceback before the
+    # user's line: the fault names the kernel's body instead
+    assert caught.value.location is not None
+    assert "the kernel's body" in caught.value.location
+    assert "test_sparsecore.py:" in caught.value.location
 
 
 @pytest.mark.parametrize(

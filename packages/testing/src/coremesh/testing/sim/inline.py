@@ -9,8 +9,10 @@ the traces close over become extra leading inputs of the new jaxpr.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from jax._src import api_util
@@ -19,6 +21,24 @@ from jax._src import linear_util as lu
 from jax._src.interpreters import partial_eval as pe
 
 Rule = Callable[..., Sequence[Any]]
+
+#: The equation whose rule is being traced: a rule's run-time checks name the user's line from
+#: it (the traced equations carry the rule's own source info, which the shadow reads).
+_replacing: contextvars.ContextVar[Any] = contextvars.ContextVar("coremesh_replacing", default=None)
+
+
+def replaced_eqn() -> Any:
+    """The equation whose rule is being traced now, or None outside :func:`trace_rule`."""
+    return _replacing.get()
+
+
+@contextlib.contextmanager
+def _replacing_eqn(eqn: Any) -> Iterator[None]:
+    token = _replacing.set(eqn)
+    try:
+        yield
+    finally:
+        _replacing.reset(token)
 
 
 def trace_rule(rule: Rule, eqn: Any) -> tuple[Any, list[Any]]:
@@ -29,7 +49,8 @@ def trace_rule(rule: Rule, eqn: Any) -> tuple[Any, list[Any]]:
         return list(rule(*args, **eqn.params))
 
     debug = api_util.debug_info("coremesh simulator", run, in_avals, {})
-    jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(lu.wrap_init(run, debug_info=debug), in_avals)
+    with _replacing_eqn(eqn):
+        jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(lu.wrap_init(run, debug_info=debug), in_avals)
     return jaxpr, list(consts)
 
 

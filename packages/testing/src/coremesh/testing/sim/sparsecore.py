@@ -91,7 +91,7 @@ from jax.experimental.pallas import tpu_sc as plsc
 
 from coremesh.core.errors import CoremeshError, UnsupportedOnChipError
 from coremesh.testing.sim import compat, inline
-from coremesh.testing.sim.errors import NotSimulatedError
+from coremesh.testing.sim.errors import NotSimulatedError, SimulationFault
 from coremesh.testing.sim.jaxprs import sub_jaxprs
 
 _Rule = inline.Rule
@@ -135,19 +135,57 @@ def _check_indices(what: str, shape: tuple[int, ...], indices: Any, mask: Any) -
             )
 
 
+def _index_fault(err: IndexError, source_info: Any, position: dict[str, int]) -> SimulationFault:
+    """The fault for an index outside its ref, at the user's line (the check runs in a rule's
+    callback, which the interpreter's fault report does not see)."""
+    from coremesh.testing.sim.chip import current_name
+    from coremesh.testing.sim.faults import kernel_of, user_location
+
+    kernel, body = kernel_of(source_info)
+    location = user_location(source_info) or (f"the kernel's body ({body})" if body else None)
+    where = ", ".join(f"{name} {i}" for name, i in position.items())
+    return SimulationFault(
+        f"{str(err).partition(':')[0]} out of bounds"
+        + (f" at {where}" if where else "")
+        + (f" in kernel {kernel!r}" if kernel else "")
+        + (f" at {location}" if location else "")
+        + f": {err}",
+        device=position.get("device"),
+        core=position.get("core"),
+        kernel=kernel,
+        location=location,
+        operation=f"{str(err).partition(':')[0]} out of bounds",
+        rule="every index of a gather, scatter or indexed DMA lies inside the ref it indexes; "
+        "the chip does not check, and reads or overwrites other memory",
+        chip=current_name(),
+        fix="clamp the indices to the ref's first dim (jnp.clip), or mask the lanes off",
+    )
+
+
 def _checked(what: str, shape: tuple[int, ...], indices: Sequence[Any], mask: Any) -> None:
+    """Check the indices when the kernel runs; a fault names the kernel, the user's line and the
+    mesh position (every axis in scope: devices, cores, subcores)."""
+    eqn = inline.replaced_eqn()
+    source_info = getattr(eqn, "source_info", None)
+    names = [n for n in jax_core.get_axis_env().axis_names() if isinstance(n, str)]
+    coords = [lax.axis_index(n) for n in names]
+
     def check(*flat: Any) -> None:
-        idx, m = list(flat[: len(indices)]), (flat[-1] if mask is not None else None)
+        k = len(indices)
+        idx, m = list(flat[:k]), (flat[k] if mask is not None else None)
         try:
             _check_indices(what, shape, idx, m)
         except IndexError as err:
             from coremesh.testing.sim.deadlock import WATCHDOG
 
-            WATCHDOG.record(err)
-            raise
+            here = dict(zip(names, (int(c) for c in flat[len(flat) - len(names) :]), strict=True))
+            fault = _index_fault(err, source_info, here)
+            fault.__cause__ = err
+            WATCHDOG.record(fault)
+            raise fault from err
 
     extra = () if mask is None else (mask,)
-    io_callback(check, None, *indices, *extra)
+    io_callback(check, None, *indices, *extra, *coords)
 
 
 def _gather(*flat_args: Any, tree: Any) -> Sequence[Any]:
