@@ -123,6 +123,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "intercore",
         "signal_core",
         "regular_dma_semaphores",  # test_regular_dma.py
+        "dma_add",  # test_dma_add.py
         "sparsecore_axes",
         "sparsecore_primitives",
         "subcore_barrier",  # test_subcore_barrier.py

@@ -1037,6 +1037,12 @@ def _regular_dma_targets() -> list[tuple[Any, str, Any]]:
     return regular_dma.targets()
 
 
+def _dma_add_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import dma_add
+
+    return dma_add.targets()
+
+
 def _pipeline_primitive_targets() -> list[tuple[Any, str, Any]]:
     from coremesh.testing.sim import pipeline_primitive
 
@@ -1094,6 +1100,13 @@ PATCHES: tuple[Patch, ...] = (
         "(interpret_pallas_call.py DMA.execute_read / execute_write: data_size); Mosaic's DMA "
         "adds 1 to a regular one, so a kernel that waits for 1 ends with it at bytes - 1",
         _regular_dma_targets,
+    ),
+    Patch(
+        "dma_add",
+        "a DMA with add=True overwrites its destination: the interpreter never reads dma_start's "
+        "add param (interpret_pallas_call.py dma_start; still so in 0.12.0.1), and Mosaic's DMA "
+        "adds to it (atomically, as several subcores scatter-add into one VMEM_SHARED buffer)",
+        _dma_add_targets,
     ),
     Patch(
         "fast_path",

@@ -123,6 +123,8 @@ def check_kernel(
     if not sparsecore:
         if _tensorcore_kernel_type(compiler_params):
             check_lowered_primitives(inner, label, chip.name)
+            if not _is_mpmd(grid_mapping):
+                check_tensorcore_dma_add(inner, label, chip.name)
         check_integer_ops(inner, label, chip.name)
         check_multicore_vmem_operands(inner, mesh, grid_mapping, label, chip.name)
     elif type(mesh).__name__ == "VectorSubcoreMesh":
@@ -192,6 +194,35 @@ def check_regular_semaphore_dmas(jaxpr: Any, label: str, chip: str) -> None:
                 chip=chip,
                 fix="allocate the DMA's semaphore as pltpu.SemaphoreType.DMA and wait with the "
                 "copy's .wait()",
+            )
+
+
+def _is_mpmd(grid_mapping: Any) -> bool:
+    """Is this the simulator's one kernel of an MPMD kernel's bodies (``mpmd.lower``)? Its
+    bodies' meshes, SparseCore ones among them, are not the kernel's."""
+    from coremesh.testing.sim.mpmd import BODY_AXIS
+
+    return BODY_AXIS in (getattr(grid_mapping, "grid_names", None) or ())
+
+
+def check_tensorcore_dma_add(jaxpr: Any, label: str, chip: str) -> None:
+    """Refuse a DMA with ``add=True`` in a TensorCore kernel: Mosaic's TensorCore lowering
+    refuses every one (lowering.py ``_dma_start_lowering_rule``, jax 0.10.2 to 0.12.0.1); only
+    the SparseCore's gathers and scatters add."""
+    from jax._src.pallas.mosaic import primitives as mosaic_primitives
+
+    for eqn in all_eqns(jaxpr):
+        if eqn.primitive is mosaic_primitives.dma_start_p and eqn.params.get("add"):
+            where = user_location(eqn.source_info)
+            raise UnsupportedOnChipError(
+                f"{label} starts a DMA with add=True"
+                + (f" at {where}" if where else "")
+                + ": DMA with add=True is not supported.",
+                rule="a TensorCore DMA copies; only a SparseCore's indexed DMAs (gather into "
+                "VMEM, scatter from VMEM) add to their destination",
+                chip=chip,
+                fix="copy into VMEM and add there (o_ref[...] += buf[...]), or run the "
+                "accumulation on the SparseCore (plsc.VectorSubcoreMesh)",
             )
 
 

@@ -11,27 +11,16 @@ ends with the semaphore at its bytes - 1 (4095 after an (8, 128) float32 copy).
 
 The callbacks get semaphore ids only; which kind a semaphore is, the kernel's jaxpr says. Each
 jaxpr level the interpreter runs has its ``dma_start`` equations' source info replaced by a
-:class:`_RegularSource` naming the regular sides; the interpreter hands it to the ``DMA`` it
-makes, whose ``data_size`` is then 1 for those signals.
+:class:`~.dma_source.DmaSource` naming the regular sides; the interpreter hands it to the
+``DMA`` it makes, whose ``data_size`` is then 1 for those signals.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from jax._src import source_info_util
-
+from coremesh.testing.sim.dma_source import retagged
 from coremesh.testing.sim.jaxprs import PerJaxpr
-
-
-class _RegularSource(source_info_util.SourceInfo):  # type: ignore[misc]
-    """A DMA's source info, with which of its semaphores are regular: (send, receive)."""
-
-    __slots__ = ("regular",)
-
-    def __init__(self, info: Any, regular: tuple[bool, bool]) -> None:
-        super().__init__(info.traceback, info.name_stack)
-        self.regular = regular
 
 
 def _is_regular(sem: Any) -> bool:
@@ -62,8 +51,8 @@ def tag(jaxpr: Any) -> Any | None:
         new = eqn
         if eqn.primitive is mosaic_primitives.dma_start_p:
             sides = regular_sides(eqn)
-            if any(sides) and not isinstance(eqn.source_info, _RegularSource):
-                new = eqn.replace(source_info=_RegularSource(eqn.source_info, sides))
+            if any(sides) and getattr(eqn.source_info, "regular", None) != sides:
+                new = eqn.replace(source_info=retagged(eqn.source_info, regular=sides))
                 changed = True
         eqns.append(new)
     return jaxpr.replace(eqns=eqns) if changed else None

@@ -57,8 +57,12 @@ never silently wrong.
   chip); a choice outside a DMA is refused.
 * ``pltpu.VMEM(...) @ mesh`` (a memory space tied to the kernel's own mesh): the space it wraps
   (:func:`own_memory_spaces`); one tied to another core type is refused.
-* a DMA with ``add=True`` (the destination accumulates): refused. The interpreter ignores
-  ``add`` and overwrites.
+* a DMA with ``add=True`` (the destination accumulates): the interpreter ignores ``add`` and
+  overwrites; patch ``dma_add`` (:mod:`.dma_add`) adds, atomically, so several subcores can
+  scatter-add into one VMEM_SHARED buffer. What Mosaic's SparseCore lowering refuses is refused
+  here with its words: an add that is not a gather (HBM or VMEM_SHARED into VMEM, the source
+  indexed) or a scatter (VMEM into HBM or VMEM_SHARED, the destination indexed), and from jax
+  0.12 a scatter-add into anything but VMEM_SHARED. With the patch off it is refused.
 * ``subcore_barrier``: simulated by patch ``subcore_barrier`` (:mod:`.subcore_barrier`), which
   runs a kernel that has one with its subcores on threads and takes the barrier out before this
   scan. Refused here only with that patch off: the subcores then run one after the other on one
@@ -788,43 +792,117 @@ def _has_offsets(ref: Any) -> tuple[bool, str | None]:
     return found, None
 
 
-def _mosaic_dma_refusal(src: Any, dst: Any) -> UnsupportedOnChipError | None:
-    """Mosaic's refusal of a DMA indexed by a vector, in its order (sc_lowering.py
-    ``_prepare_dma_refs``, the same in jax 0.10.2 to 0.12.0.1): a gather runs from HBM or
-    VMEM_SHARED into VMEM with only the source indexed, a scatter from VMEM into HBM or
-    VMEM_SHARED with only the destination indexed, the indices a 1-D vector in VMEM."""
+def _scatter_add_to_shared_only() -> bool:
+    """jax 0.12's SparseCore lowering scatter-adds into VMEM_SHARED only (sc_lowering.py
+    ``_prepare_dma_refs``; jax 0.10.2 and 0.11.2 lower one into HBM too)."""
+    from coremesh.core import jax_versions
+
+    return jax_versions.at_least("0.12.0")
+
+
+def _base_space(ref: Any) -> Any:
+    """The memory space of the ref under a DMA operand's views, as Mosaic prints it."""
+    ref = ref.ref if isinstance(ref, state_types.TransformedRef) else ref
+    return getattr(getattr(ref, "aval", None), "memory_space", None)
+
+
+def _add_outside_gather_scatter(src: Any, dst: Any) -> str:
+    """Mosaic's words for a DMA with ``add=True`` that is neither a gather nor a scatter."""
+    spaces = (_base_space(src), _base_space(dst))
+    if _scatter_add_to_shared_only():
+        return (
+            "DMAs with `add=True` are only supported from HBM/VMEM_SHARED to VMEM or from VMEM "
+            f"to VMEM_SHARED. Got (src, dst)={spaces}"
+        )
+    return (
+        "DMAs with `add=True` are only supported between VMEM and HBM/VMEM_SHARED."
+        f"Got (src, dst)={spaces}"
+    )
+
+
+def _add_without_offsets(side: str) -> str:
+    return (
+        "DMAs with `add=True` must (for now) specify offsets of the majormost dimension. You "
+        f"can do this by writing `pltpu.async_copy(..., {side}={side}.at[jnp.arange(vec_dim)], "
+        f"...)` or `pltpu.async_copy(..., {side}={side}.at[indices_ref], ...)`."
+    )
+
+
+def _gather_scatter_message(
+    src: Any, dst: Any, gather: bool, add: bool
+) -> tuple[str | None, bool, bool]:
+    """(Mosaic's refusal of a gather or scatter or None, whether a ValueError, whether the
+    indexed side has offsets), in sc_lowering.py ``_prepare_dma_refs``'s order."""
+    other, indexed = (dst, src) if gather else (src, dst)
+    if add and not gather and _scatter_add_to_shared_only() and _space(dst) != "VMEM_SHARED":
+        return (
+            "Scatter from VMEM with `add=True` via `pltpu.async_copy` is only supported when "
+            f"the destination is in VMEM_SHARED, got {_space(dst)}",
+            True,
+            False,
+        )
+    found, message = _has_offsets(other)
+    if message is None and found:
+        role, kind = ("source", "gather") if gather else ("destination", "scatter")
+        message = f"Only the {role} ref can be indexed when doing a {kind} via `pltpu.async_copy`"
+        return message, True, False
+    if message is not None:
+        return message, False, False
+    offsets, message = _has_offsets(indexed)
+    return message, False, offsets
+
+
+def _mosaic_dma_message(src: Any, dst: Any, add: bool) -> tuple[str | None, bool]:
+    """(Mosaic's refusal of a DMA indexed by a vector or adding, or None; whether it is a
+    ValueError), in its order (sc_lowering.py ``_prepare_dma_refs``)."""
     src_space, dst_space = _space(src), _space(dst)
     gather = src_space in ("HBM", "VMEM_SHARED") and dst_space == "VMEM"
     scatter = src_space == "VMEM" and dst_space in ("HBM", "VMEM_SHARED")
-    message: str | None = None
-    value_error = False
     if gather or scatter:
-        other, indexed = (dst, src) if gather else (src, dst)
-        found, message = _has_offsets(other)
-        if message is None and found:
-            role, kind = ("source", "gather") if gather else ("destination", "scatter")
-            message = (
-                f"Only the {role} ref can be indexed when doing a {kind} via `pltpu.async_copy`"
-            )
-            value_error = True
-        if message is None:
-            _, message = _has_offsets(indexed)
+        message, value_error, offsets = _gather_scatter_message(src, dst, gather, add)
+        side = "src_ref" if gather else "dst_ref"
     else:
         src_found, message = _has_offsets(src)
-        dst_found = False
+        dst_found, value_error, side = False, False, ""
         if message is None and not src_found:
             dst_found, message = _has_offsets(dst)
+        offsets = src_found or dst_found
         known = src_space is not None and dst_space is not None
-        if message is None and (src_found or dst_found) and known:
+        if message is None and offsets and known:
             message = (
                 f"Scatter/gather via `pltpu.async_copy` from {src_space} to {dst_space} is not "
                 "supported"
             )
+        elif message is None and add and known:
+            message, value_error = _add_outside_gather_scatter(src, dst), True
+    if message is None and add and not offsets:
+        message = _add_without_offsets(side)
+    return message, value_error
+
+
+def _mosaic_dma_refusal(src: Any, dst: Any, add: bool = False) -> UnsupportedOnChipError | None:
+    """Mosaic's refusal of a DMA indexed by a vector or with ``add=True``, in its order
+    (sc_lowering.py ``_prepare_dma_refs``, the same in jax 0.10.2 to 0.12.0.1 but for adds): a
+    gather runs from HBM or VMEM_SHARED into VMEM with only the source indexed, a scatter from
+    VMEM into HBM or VMEM_SHARED with only the destination indexed, the indices a 1-D vector in
+    VMEM; an add is a gather or scatter (into VMEM_SHARED only, from jax 0.12)."""
+    message, value_error = _mosaic_dma_message(src, dst, add)
     if message is None:
         return None
     from coremesh.testing.sim.chip import current_name
 
     error = _MosaicValueError if value_error else UnsupportedOnChipError
+    if add and "add=True" in message:
+        return error(
+            f"a DMA with add=True: {message}",
+            rule="Mosaic's SparseCore lowering (sc_lowering.py) adds in an indexed DMA only: a "
+            "gather from HBM or VMEM_SHARED into VMEM, or a scatter from VMEM into "
+            + ("VMEM_SHARED" if _scatter_add_to_shared_only() else "HBM or VMEM_SHARED"),
+            chip=current_name(),
+            fix="index the DMA's HBM / VMEM_SHARED side with a vector of row indices "
+            "(table.at[idx_ref], or .at[jnp.arange(n)] for every row), or add in VMEM with "
+            "plsc.addupdate",
+        )
     return error(
         f"an indexed DMA: {message}",
         rule="Mosaic's SparseCore lowering of an indexed DMA (sc_lowering.py) refuses this: it "
@@ -836,19 +914,34 @@ def _mosaic_dma_refusal(src: Any, dst: Any) -> UnsupportedOnChipError | None:
     )
 
 
+#: The name scope of the row DMAs :func:`_indexed_copy` makes of an indexed DMA.
+_ROW_SCOPE = "coremesh_indexed_dma_row"
+
+
+def _row_of_indexed_dma(eqn: Any) -> bool:
+    """Is ``eqn`` one of the row DMAs :func:`_indexed_copy` made of an indexed DMA? (Its
+    traceback cannot say: the interpreter traces a level's rewrite under the user's.)"""
+    return _ROW_SCOPE in str(getattr(eqn.source_info, "name_stack", ""))
+
+
 def _dma_refusal(eqn: Any) -> CoremeshError | None:
-    """The error for a DMA the simulator cannot run, else None. An indexed DMA that Mosaic
-    refuses raises Mosaic's coremesh error here instead."""
+    """The error for a DMA the simulator cannot run, else None. An indexed or adding DMA that
+    Mosaic refuses raises Mosaic's coremesh error here instead."""
     if eqn.primitive is not tpu_primitives.dma_start_p:
         return None
+    from coremesh.testing.sim import patches
+
     src, dst, *_ = eqn.params["tree"].unflatten(eqn.invars)
-    mosaic = _mosaic_dma_refusal(src, dst)
+    add = bool(eqn.params.get("add"))
+    # A row of an indexed DMA this module rewrote was checked as the indexed DMA.
+    mosaic = _mosaic_dma_refusal(src, dst, add and not _row_of_indexed_dma(eqn))
     if mosaic is not None:
         return mosaic
-    if eqn.params.get("add"):
+    if add and "dma_add" not in patches.enabled():
         return _not_simulated(
             "a DMA with add=True",
-            "jax's TPU interpreter ignores add and overwrites the destination",
+            "jax's TPU interpreter ignores add and overwrites the destination (patch dma_add "
+            "is off)",
         )
     try:
         indexed = _indexed_side(src, dst)
@@ -980,9 +1073,10 @@ def _indexed_copy(
         else:
             s, d = _row_of(src, k), _row_view(view, indexer, row)
         flat, t = tpu_primitives._dma_flatten(s, d, dst_sem, src_sem, device_id)
-        tpu_primitives.dma_start_p.bind(
-            *flat, tree=t, device_id_type=device_id_type, priority=priority, add=add
-        )
+        with jax.named_scope(_ROW_SCOPE):  # checked as the indexed DMA: _dma_refusal
+            tpu_primitives.dma_start_p.bind(
+                *flat, tree=t, device_id_type=device_id_type, priority=priority, add=add
+            )
         return carry
 
     lax.fori_loop(jnp.int32(0), jnp.asarray(count, jnp.int32), one, 0)
