@@ -24,7 +24,9 @@ honour a barrier between them. A kernel whose body (or a jaxpr inside it) calls
   subcore never reaches is the deadline watchdog's :class:`SimulationDeadlock`, naming the
   device, the interpreter core, the subcore it runs and the barrier.
 
-Kernels without a barrier keep the sequential path (and the fast path where it applies).
+A kernel with ``plsc.fetch_and_add`` and no barrier runs this way too (patch ``fetch_and_add``,
+:mod:`.fetch_and_add`): the add reaches into another subcore's SMEM, which must exist apart from
+its own. Kernels with neither keep the sequential path (and the fast path where it applies).
 """
 
 from __future__ import annotations
@@ -106,9 +108,12 @@ def _thread_layout(grid: tuple[int, ...], params: Any) -> tuple[int, ...]:
     return tuple(int(s) for s in np.asarray(coords[0]))
 
 
-def prepare(mesh: Any, interpret_params: Any, kw: dict[str, Any]) -> Any:
-    """The interpret parameters for a SparseCore kernel with a barrier (``kw``, the other
-    keywords of ``interpret_pallas_call``, are updated in place): its subcores on threads."""
+def prepare(
+    mesh: Any, interpret_params: Any, kw: dict[str, Any], what: str = "plsc.subcore_barrier"
+) -> Any:
+    """The interpret parameters for a SparseCore kernel with a barrier (or ``what``, another
+    primitive that needs the subcores apart: ``kw``, the other keywords of
+    ``interpret_pallas_call``, are updated in place): its subcores on threads."""
     from jax._src.pallas.mosaic import core as mosaic_core
 
     from coremesh.testing.sim import core_semaphores
@@ -127,8 +132,8 @@ def prepare(mesh: Any, interpret_params: Any, kw: dict[str, Any]) -> Any:
         or grid[0] > MAX_SPARSECORES
     ):
         raise NotSimulatedError(
-            "plsc.subcore_barrier in this kernel is not simulated",
-            rule="the simulator runs a barrier in a kernel over a VectorSubcoreMesh (grid "
+            f"{what} in this kernel is not simulated",
+            rule=f"the simulator runs {what} in a kernel over a VectorSubcoreMesh (grid "
             f"(core, subcore)); this kernel's grid is {tuple(zip(names, grid, strict=False))}",
             chip=current().name,
             fix="check the kernel with the compile-only target (coremesh.testing.aot)",
@@ -137,7 +142,7 @@ def prepare(mesh: Any, interpret_params: Any, kw: dict[str, Any]) -> Any:
     devices = _devices()
     if devices * (subcores + 1) > MAX_BLOCKED:
         raise NotSimulatedError(
-            f"plsc.subcore_barrier in a kernel run on {devices} devices at once is not simulated",
+            f"{what} in a kernel run on {devices} devices at once is not simulated",
             rule=f"each device runs its {subcores} subcores on threads, each of which may hold a "
             "blocked host callback (plus the device's thread map); XLA:CPU runs only about 31 "
             f"blocked callbacks at once per process, and {devices} x {subcores + 1} of them "
@@ -181,6 +186,13 @@ def _replace(params: Any, **changes: Any) -> Any:
     import dataclasses
 
     return dataclasses.replace(params, fast_path_off=REASON, **changes)
+
+
+def layout(subcores: int) -> tuple[int, ...]:
+    """The subcore each interpreter core runs, in a kernel of ``subcores`` subcores run this
+    way (set when it was prepared)."""
+    with _layout_lock:
+        return _subcore_of_thread[subcores]
 
 
 def describe(sem_id: int, core: int | None) -> str | None:
