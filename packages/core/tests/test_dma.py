@@ -1,4 +1,5 @@
-"""The indexed-DMA rule every layer shares: 32-bit elements in rows of whole 128-word tiles."""
+"""The indexed-DMA rule every layer shares: 32-bit elements in rows of whole 128-word tiles,
+under the TensorCore tiling only (the SparseCore's own tiling compiles the rest)."""
 
 from __future__ import annotations
 
@@ -37,3 +38,19 @@ def test_check_names_what_the_rule_and_the_chip() -> None:
     with pytest.raises(cc.LayoutError, match="rows of 96 elements") as e2:
         check_indexed_dma("the table", jnp.int32, 96, v6e)
     assert "multiple of 128" in str(e2.value.rule)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "row"), [(jnp.float32, 32), (jnp.float32, 1), (jnp.bfloat16, 128), (jnp.int8, 32)]
+)
+def test_the_sparsecore_tiling_takes_what_the_tensorcore_tiling_refuses(
+    dtype: Any, row: int
+) -> None:
+    """libtpu 0.0.52 compiled each of these for v5p and TPU7x with use_tc_tiling_on_sc=False and
+    refused the 32-element float32 rows with the default tiling."""
+    v5p = cc.get_chip("v5p")
+    assert indexed_dma_fits(dtype, row, sparse_core_tiling=True)
+    check_indexed_dma("the table", dtype, row, v5p, sparse_core_tiling=True)
+    assert not indexed_dma_fits(dtype, row)
+    with pytest.raises((cc.LayoutError, cc.UnsupportedOnChipError)):
+        check_indexed_dma("the table", dtype, row, v5p)

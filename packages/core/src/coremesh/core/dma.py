@@ -7,6 +7,12 @@ v5p, v6e and TPU7x alike. A 1-D table has no rows: its indexed DMA gathers singl
 elements, which compiles on v5p, v6e and TPU7x (``row_elems=None``). The ops choose their plan
 by it, the simulator refuses what breaks it, and the compile diagnoses explain the compiler's
 own refusal with the same words.
+
+Those are the rules of the TensorCore tiling a SparseCore kernel gets by default
+(``use_tc_tiling_on_sc`` None or True: Mosaic's COMPACT tiling). With the SparseCore's own tiling
+(``pltpu.CompilerParams(use_tc_tiling_on_sc=False)``) libtpu 0.0.52 with jax 0.12.0.1 compiles
+what they refuse: float32 rows of 1 to 136 elements, bfloat16, int8 and int32 rows of 32 and
+128, on v5p and TPU7x alike (``sparse_core_tiling=True`` checks nothing).
 """
 
 from __future__ import annotations
@@ -31,15 +37,29 @@ FIX = (
 )
 
 
-def indexed_dma_fits(dtype: Any, row_elems: int | None) -> bool:
+def indexed_dma_fits(
+    dtype: Any, row_elems: int | None, *, sparse_core_tiling: bool = False
+) -> bool:
     """Whether rows of ``row_elems`` elements of ``dtype`` (None: elements of a 1-D table) can go
-    by one indexed DMA."""
+    by one indexed DMA of a kernel with the TensorCore tiling (or the SparseCore's own)."""
+    if sparse_core_tiling:
+        return True
     return itemsize(dtype) == 4 and (row_elems is None or row_elems % INDEXED_ROW_WORDS == 0)
 
 
-def check_indexed_dma(what: str, dtype: Any, row_elems: int | None, chip: Chip | None) -> None:
+def check_indexed_dma(
+    what: str,
+    dtype: Any,
+    row_elems: int | None,
+    chip: Chip | None,
+    *,
+    sparse_core_tiling: bool = False,
+) -> None:
     """Raise the coremesh error for an indexed DMA Mosaic refuses, naming ``what`` it moves
-    (``row_elems``: elements per row of the table, None for a 1-D table)."""
+    (``row_elems``: elements per row of the table, None for a 1-D table); a kernel with the
+    SparseCore's own tiling has none of these limits."""
+    if sparse_core_tiling:
+        return
     name = chip.name if chip is not None else None
     if itemsize(dtype) != 4:
         raise UnsupportedOnChipError(

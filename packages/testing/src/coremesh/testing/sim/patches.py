@@ -675,7 +675,8 @@ def _sparsecore_primitive_targets() -> list[tuple[Any, str, Any]]:
         axis_env.update(zip(names, ctx.grid_mapping.grid, strict=False))
         if ctx.mesh is not None:
             axis_env.update(ctx.mesh.shape)
-        done = sparsecore.rewrite(jaxpr, tuple(axis_env.items()))
+        tiling = sparsecore.sparse_core_tiling(ctx.mosaic_params)
+        done = sparsecore.rewrite(jaxpr, tuple(axis_env.items()), sc_tiling=tiling)
         jaxpr, args = inline.spliced(jaxpr, args, done)
         return orig(jaxpr, *args, ctx=ctx, token=token)
 

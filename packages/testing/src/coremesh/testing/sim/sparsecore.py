@@ -924,9 +924,9 @@ def _row_of_indexed_dma(eqn: Any) -> bool:
     return _ROW_SCOPE in str(getattr(eqn.source_info, "name_stack", ""))
 
 
-def _dma_refusal(eqn: Any) -> CoremeshError | None:
+def _dma_refusal(eqn: Any, sc_tiling: bool) -> CoremeshError | None:
     """The error for a DMA the simulator cannot run, else None. An indexed or adding DMA that
-    Mosaic refuses raises Mosaic's coremesh error here instead."""
+    Mosaic refuses (for the kernel's tiling) raises Mosaic's coremesh error here instead."""
     if eqn.primitive is not tpu_primitives.dma_start_p:
         return None
     from coremesh.testing.sim import patches
@@ -949,11 +949,11 @@ def _dma_refusal(eqn: Any) -> CoremeshError | None:
         return err
     if indexed is not None:
         view, indexer, gathers = indexed
-        _check_like_mosaic(view, indexer, "source" if gathers else "destination")
+        _check_like_mosaic(view, indexer, "source" if gathers else "destination", sc_tiling)
     return None
 
 
-def _check_like_mosaic(view: Any, indexer: Any, side: str) -> None:
+def _check_like_mosaic(view: Any, indexer: Any, side: str, sc_tiling: bool) -> None:
     """What Mosaic refuses in an indexed DMA, the simulator refuses (``coremesh.core.dma``)."""
     from coremesh.core import current_target
     from coremesh.core.dma import check_indexed_dma
@@ -963,7 +963,13 @@ def _check_like_mosaic(view: Any, indexer: Any, side: str) -> None:
     if len(indexer.indices) > 1:
         row = last.size if isinstance(last, indexing.Slice) else 1
     dtype = view.ref.aval.dtype
-    check_indexed_dma(f"an indexed DMA whose {side}", dtype, row, current_target().chip)
+    check_indexed_dma(
+        f"an indexed DMA whose {side}",
+        dtype,
+        row,
+        current_target().chip,
+        sparse_core_tiling=sc_tiling,
+    )
 
 
 def _is_indexed_dma(eqn: Any) -> bool:
@@ -1174,24 +1180,39 @@ def own_memory_spaces(jaxpr: Any, mesh: Any) -> Any:
 # The jaxpr rewrite
 # ------------------------------------------------------------------------------------------
 
-_cache: weakref.WeakKeyDictionary[Any, tuple[Any, list[Any]] | None] = weakref.WeakKeyDictionary()
+
+def sparse_core_tiling(compiler_params: Any) -> bool:
+    """Is a kernel with these compiler params compiled with the SparseCore's own tiling
+    (``pltpu.CompilerParams(use_tc_tiling_on_sc=False)``)? Mosaic's indexed-DMA limits
+    (``coremesh.core.dma``) are those of the TensorCore tiling, a SparseCore kernel's default
+    (pallas_call_registration.py ``_resolve_tiling``)."""
+    return getattr(compiler_params, "use_tc_tiling_on_sc", None) is False
+
+
+_Cache = weakref.WeakKeyDictionary[Any, tuple[Any, list[Any]] | None]
+#: One cache per tiling: the refusals differ.
+_caches: dict[bool, _Cache] = {tiling: weakref.WeakKeyDictionary() for tiling in (False, True)}
 _cache_lock = threading.Lock()
 
 
-def rewrite(jaxpr: Any, axis_env: Sequence[tuple[Any, int]]) -> tuple[Any, list[Any]] | None:
-    """``jaxpr`` with simulated SparseCore primitives inlined as ref operations.
+def rewrite(
+    jaxpr: Any, axis_env: Sequence[tuple[Any, int]], *, sc_tiling: bool = False
+) -> tuple[Any, list[Any]] | None:
+    """``jaxpr`` with simulated SparseCore primitives inlined as ref operations (``sc_tiling``:
+    the kernel has the SparseCore's own tiling, :func:`sparse_core_tiling`).
 
     Returns None when nothing needs rewriting, else ``(new_jaxpr, extra_consts)``: the new jaxpr
     takes ``(*old_constvars, *extra_consts, *invars)``. Refused primitives raise.
     """
+    cache = _caches[sc_tiling]
     with _cache_lock:
-        if jaxpr in _cache:
-            return _cache[jaxpr]
+        if jaxpr in cache:
+            return cache[jaxpr]
     for eqn in jaxpr.eqns:
         err = (
             refusal(eqn.primitive)
             or _multiref_refusal(eqn)
-            or _dma_refusal(eqn)
+            or _dma_refusal(eqn, sc_tiling)
             or _cumsum_refusal(eqn)
             or _vector_memory_refusal(eqn)
         )
@@ -1204,5 +1225,5 @@ def rewrite(jaxpr: Any, axis_env: Sequence[tuple[Any, int]]) -> tuple[Any, list[
             used = _used(jaxpr)
             result = inline.inline(jaxpr, lambda eqn: _rule(eqn, used))
     with _cache_lock:
-        _cache[jaxpr] = result
+        cache[jaxpr] = result
     return result
