@@ -127,6 +127,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "sparsecore_axes",
         "sparsecore_primitives",
         "subcore_barrier",  # test_subcore_barrier.py
+        "fetch_and_add",  # test_fetch_and_add.py
         "mpmd_kernels",  # test_mpmd.py
         "closed_scalars",
         "own_interpret_params",  # tests/sim/test_own_interpret_params.py

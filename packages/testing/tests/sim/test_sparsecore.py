@@ -139,24 +139,6 @@ def test_out_of_range_gather_index_raises() -> None:
     assert "subcore" in str(fault) and fault.kernel is not None
 
 
-@pytest.mark.parametrize(
-    ("name", "body"),
-    [  # (plsc.subcore_barrier is simulated: tests/sim/test_subcore_barrier.py)
-        (
-            "plsc.fetch_and_add",
-            lambda vi, vo, w, n: pl.run_scoped(
-                lambda smem: plsc.fetch_and_add(smem.at[0], 1, subcore_id=0),
-                pltpu.SMEM((1,), jnp.int32),
-            ),
-        )
-    ],
-)
-def test_unsimulated_primitives_are_refused(name: str, body: Body) -> None:
-    with pytest.raises(NotSimulatedError, match=f"{name} is not simulated") as info:
-        run_on_subcores("v5p", body)
-    assert "compile-only target" in str(info.value)
-
-
 def test_bitcast() -> None:
     def body(v_in: Any, v_out: Any, w: Any, lanes: int) -> None:
         as_float = plsc.bitcast(v_in[...], jnp.float32)

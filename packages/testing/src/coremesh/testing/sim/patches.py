@@ -525,7 +525,7 @@ def _interpret_call_targets() -> list[tuple[Any, str, Any]]:
     from jax._src.pallas.mosaic import core as mosaic_core
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
-    from coremesh.testing.sim import core_semaphores, sparsecore, subcore_barrier
+    from coremesh.testing.sim import core_semaphores, fetch_and_add, sparsecore, subcore_barrier
 
     orig = ipc.interpret_pallas_call
 
@@ -566,6 +566,14 @@ def _interpret_call_targets() -> list[tuple[Any, str, Any]]:
                 ):
                     # A barrier: the subcores of a SparseCore run at once, on threads.
                     interpret_params = subcore_barrier.prepare(mesh, interpret_params, kw)
+                    return orig(*args, mesh=None, interpret_params=interpret_params, **kw)
+                if {"fetch_and_add", "subcore_barrier"} <= _state.enabled and (
+                    fetch_and_add.uses_fetch_and_add(kw["jaxpr"])
+                ):
+                    # Another subcore's SMEM must exist apart from this one's: threads too.
+                    interpret_params = subcore_barrier.prepare(
+                        mesh, interpret_params, kw, what="plsc.fetch_and_add"
+                    )
                     return orig(*args, mesh=None, interpret_params=interpret_params, **kw)
                 mesh = None
                 interpret_params = dataclasses.replace(interpret_params, num_cores_or_threads=1)
@@ -1038,6 +1046,12 @@ def _regular_dma_targets() -> list[tuple[Any, str, Any]]:
     return regular_dma.targets()
 
 
+def _fetch_and_add_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import fetch_and_add
+
+    return fetch_and_add.targets()
+
+
 def _dma_add_targets() -> list[tuple[Any, str, Any]]:
     from coremesh.testing.sim import dma_add
 
@@ -1314,6 +1328,14 @@ PATCHES: tuple[Patch, ...] = (
         "a load or DMA of memory nobody wrote returns the fill value (NaN, or the largest "
         "integer) in silence (utils.py get_uninitialized_array)",
         _shadow_targets,
+    ),
+    Patch(
+        "fetch_and_add",
+        "plsc.fetch_and_add (sc_fetch_and_add) has no interpreter rule in any jax release "
+        "(0.10.2 to 0.12.0.1: the fallback at the end of _interpret_jaxpr binds it with the "
+        "ref's buffer id and fails), and the subcores of a kernel without a barrier share one "
+        "interpreter core, so another subcore's SMEM does not exist apart",
+        _fetch_and_add_targets,
     ),
 )
 

@@ -67,6 +67,11 @@ never silently wrong.
   runs a kernel that has one with its subcores on threads and takes the barrier out before this
   scan. Refused here only with that patch off: the subcores then run one after the other on one
   thread, which cannot honour a barrier between them.
+* ``fetch_and_add`` (an atomic add into another subcore's SMEM): simulated by patch
+  ``fetch_and_add`` (:mod:`.fetch_and_add`), which runs a kernel that has one on subcore threads
+  as a barrier kernel runs, and takes it out before this scan. Refused here only with that patch
+  (or ``subcore_barrier``) off: the subcores then share one interpreter core, so another
+  subcore's SMEM does not exist apart from this one's.
 """
 
 from __future__ import annotations
@@ -114,6 +119,11 @@ _API_NAMES = {
 _WHY_BARRIER = (
     "with patch subcore_barrier off, the interpreter runs the subcores of a SparseCore mesh one "
     "after the other on one thread, so a barrier between them cannot be honoured"
+)
+_WHY_FETCH_AND_ADD = (
+    "jax's TPU interpreter has no rule for it, and with patch fetch_and_add (or subcore_barrier) "
+    "off the subcores of a SparseCore share one interpreter core, so another subcore's SMEM "
+    "does not exist apart"
 )
 
 
@@ -520,7 +530,9 @@ def refusal(primitive: Any) -> NotSimulatedError | None:
     if name is None:
         return None
     api = _API_NAMES.get(name, f"the SparseCore primitive {name!r}")
-    why = _WHY_BARRIER if name == "barrier" else "jax's TPU interpreter has no rule for it"
+    why = {"barrier": _WHY_BARRIER, "sc_fetch_and_add": _WHY_FETCH_AND_ADD}.get(
+        name, "jax's TPU interpreter has no rule for it"
+    )
     return _not_simulated(api, why)
 
 
