@@ -96,6 +96,26 @@ def test_store_scatter_with_mask_keeps_unselected_lanes() -> None:
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("nested", [False, True])
+def test_a_scatter_that_writes_every_lane_of_fresh_memory_is_no_read_of_it(nested: bool) -> None:
+    """JAX's test_store_scatter: int32 lanes scattered by a permutation into unwritten VMEM. The
+    rule reads the whole ref to keep what it does not store; that read is no use of unwritten
+    memory, also inside a loop, where the rule's equations carry the user's traceback (it was
+    an UninitializedReadError there)."""
+
+    def body(v_in: Any, v_out: Any, w: Any, lanes: int) -> None:
+        def scatter() -> None:
+            plsc.store_scatter(v_out, [reversed_lanes(lanes)], v_in[...])
+
+        if nested:
+            pl.loop(0, 1)(lambda _: scatter())
+        else:
+            scatter()
+
+    got, x, _ = run_on_subcores("v5p", body)
+    np.testing.assert_array_equal(got, x[:, ::-1])
+
+
 def test_addupdate_scatter_accumulates_duplicate_indices() -> None:
     def body(v_in: Any, v_out: Any, w: Any, lanes: int) -> None:
         v_out[...] = jnp.zeros((lanes,), jnp.int32)

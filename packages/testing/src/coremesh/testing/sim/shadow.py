@@ -182,8 +182,15 @@ _RULES = (
 )
 
 
+#: The name scope a rewrite rule puts its whole-ref reads in (a rule traced inside a level the
+#: interpreter traces gets the user's traceback, and jax keeps 10 frames: not enough to say).
+WHOLE_REF_READ_SCOPE = "coremesh_whole_ref_read"
+
+
 def _from_rule(source_info: Any) -> bool:
     """Is this read the whole-ref read of one of the rewrites in ``_RULES``?"""
+    if WHOLE_REF_READ_SCOPE in str(getattr(source_info, "name_stack", "")):
+        return True
     frames = getattr(getattr(source_info, "traceback", None), "frames", ())
     return any(
         f.file_name.endswith(suffix) and f.function_name.rsplit(".", 1)[-1] in names

@@ -99,7 +99,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu_sc as plsc
 
 from coremesh.core.errors import CoremeshError, UnsupportedOnChipError
-from coremesh.testing.sim import compat, inline
+from coremesh.testing.sim import compat, inline, shadow
 from coremesh.testing.sim.errors import NotSimulatedError, SimulationFault
 from coremesh.testing.sim.jaxprs import sub_jaxprs
 
@@ -206,7 +206,8 @@ def _gather(*flat_args: Any, tree: Any) -> Sequence[Any]:
     ref, transforms, indices, mask = tree.unflatten(flat_args)
     src = _ref(ref, transforms)
     _checked("plsc.load_gather", tuple(src.shape), indices, mask)
-    values = src[...]
+    with jax.named_scope(shadow.WHOLE_REF_READ_SCOPE):  # not a use of what it does not gather
+        values = src[...]
     idx = tuple(jnp.clip(i, 0, n - 1) for i, n in zip(indices, src.shape, strict=True))
     out = values[idx]
     if mask is not None:
@@ -221,7 +222,8 @@ def _scatter(*flat_args: Any, tree: Any, add: bool) -> Sequence[Any]:
     _checked(what, tuple(dst.shape), indices, mask)
     if mask is not None:  # masked-off lanes point past the end and are dropped
         indices = [jnp.where(mask, i, n) for i, n in zip(indices, dst.shape, strict=True)]
-    current = dst[...]
+    with jax.named_scope(shadow.WHOLE_REF_READ_SCOPE):  # not a use: only kept where not stored
+        current = dst[...]
     at = current.at[tuple(indices)]
     # A masked store of the whole ref: only the scattered elements count as written (the
     # uninitialized-read check sees the others as untouched).
