@@ -90,6 +90,45 @@ def user_location(source_info: Any) -> str | None:
     return None
 
 
+def fault_at(
+    what: str,
+    source_info: Any,
+    position: dict[str, int],
+    *,
+    operation: str,
+    rule: str,
+    fix: str,
+    detail: str | None = None,
+    buffer: str | None = None,
+    cls: type[SimulationFault] = SimulationFault,
+) -> SimulationFault:
+    """The fault a simulator check raises from its own host callback (which the interpreter's
+    fault report does not see), recorded for the watchdog: ``what``, then the mesh position
+    (``{"device": 0, "subcore": 3}``), the kernel and the user's line (or the kernel's body,
+    when the line is deeper than the frames jax keeps), then ``detail``."""
+    kernel, body = kernel_of(source_info)
+    location = user_location(source_info) or (f"the kernel's body ({body})" if body else None)
+    where = ", ".join(f"{name} {i}" for name, i in position.items())
+    fault = cls(
+        what
+        + (f" at {where}" if where else "")
+        + (f" in kernel {kernel!r}" if kernel else "")
+        + (f" at {location}" if location else "")
+        + (f": {detail}" if detail else ""),
+        device=position.get("device"),
+        core=position.get("core"),
+        kernel=kernel,
+        location=location,
+        operation=operation,
+        buffer=buffer,
+        rule=rule,
+        chip=current_name(),
+        fix=fix,
+    )
+    WATCHDOG.record(fault)
+    return fault
+
+
 # ------------------------------------------------------------------------ the wrappers
 
 

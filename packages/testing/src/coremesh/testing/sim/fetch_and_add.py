@@ -75,67 +75,35 @@ def _impl(*args: Any, site: _Site) -> Any:
     return _primitive().bind(*args, site=site)
 
 
-def _position_text(position: dict[str, int]) -> str:
-    return ", ".join(f"{name} {i}" for name, i in position.items())
-
-
 def _fault(what: str, rule: str, fix: str, source_info: Any, position: dict[str, int]) -> Any:
-    """A :class:`SimulationFault` at the user's line, recorded for the watchdog (the check runs
-    in a host callback, which the interpreter's fault report does not see)."""
-    from coremesh.testing.sim.chip import current_name
-    from coremesh.testing.sim.deadlock import WATCHDOG
-    from coremesh.testing.sim.errors import SimulationFault
-    from coremesh.testing.sim.faults import kernel_of, user_location
+    from coremesh.testing.sim.faults import fault_at
 
-    kernel, body = kernel_of(source_info)
-    location = user_location(source_info) or (f"the kernel's body ({body})" if body else None)
-    where = _position_text(position)
-    fault = SimulationFault(
-        f"plsc.fetch_and_add: {what}"
-        + (f" at {where}" if where else "")
-        + (f" in kernel {kernel!r}" if kernel else "")
-        + (f" at {location}" if location else ""),
-        device=position.get("device"),
-        core=position.get("core"),
-        kernel=kernel,
-        location=location,
+    return fault_at(
+        f"plsc.fetch_and_add: {what}",
+        source_info,
+        position,
         operation="plsc.fetch_and_add",
         rule=rule,
-        chip=current_name(),
         fix=fix,
     )
-    WATCHDOG.record(fault)
-    return fault
 
 
 def _uninitialized(what: str, source_info: Any, position: dict[str, int], buffer: str) -> Any:
     from coremesh.testing.sim import shadow
-    from coremesh.testing.sim.chip import current_name
-    from coremesh.testing.sim.deadlock import WATCHDOG
     from coremesh.testing.sim.errors import UninitializedReadError
-    from coremesh.testing.sim.faults import kernel_of, user_location
+    from coremesh.testing.sim.faults import fault_at
 
-    kernel, body = kernel_of(source_info)
-    location = user_location(source_info) or (f"the kernel's body ({body})" if body else None)
-    where = _position_text(position)
-    fault = UninitializedReadError(
-        f"plsc.fetch_and_add reads unwritten memory: {what}"
-        + (f" at {where}" if where else "")
-        + (f" in kernel {kernel!r}" if kernel else "")
-        + (f" at {location}" if location else ""),
-        device=position.get("device"),
-        core=position.get("core"),
-        kernel=kernel,
-        location=location,
+    return fault_at(
+        f"plsc.fetch_and_add reads unwritten memory: {what}",
+        source_info,
+        position,
         operation="plsc.fetch_and_add of unwritten memory",
         buffer=buffer,
         rule=shadow.RULE,
-        chip=current_name(),
         fix="store the counter on its subcore (smem_ref[i] = 0) and meet at a "
         "plsc.subcore_barrier() before any subcore adds to it" + shadow.TURN_OFF,
+        cls=UninitializedReadError,
     )
-    WATCHDOG.record(fault)
-    return fault
 
 
 def _add(

@@ -150,28 +150,18 @@ def _check_indices(what: str, shape: tuple[int, ...], indices: Any, mask: Any) -
 
 
 def _index_fault(err: IndexError, source_info: Any, position: dict[str, int]) -> SimulationFault:
-    """The fault for an index outside its ref, at the user's line (the check runs in a rule's
-    callback, which the interpreter's fault report does not see)."""
-    from coremesh.testing.sim.chip import current_name
-    from coremesh.testing.sim.faults import kernel_of, user_location
+    """The fault for an index outside its ref, at the user's line."""
+    from coremesh.testing.sim.faults import fault_at
 
-    kernel, body = kernel_of(source_info)
-    location = user_location(source_info) or (f"the kernel's body ({body})" if body else None)
-    where = ", ".join(f"{name} {i}" for name, i in position.items())
-    return SimulationFault(
-        f"{str(err).partition(':')[0]} out of bounds"
-        + (f" at {where}" if where else "")
-        + (f" in kernel {kernel!r}" if kernel else "")
-        + (f" at {location}" if location else "")
-        + f": {err}",
-        device=position.get("device"),
-        core=position.get("core"),
-        kernel=kernel,
-        location=location,
-        operation=f"{str(err).partition(':')[0]} out of bounds",
+    operation = f"{str(err).partition(':')[0]} out of bounds"
+    return fault_at(
+        operation,
+        source_info,
+        position,
+        operation=operation,
+        detail=str(err),
         rule="every index of a gather, scatter or indexed DMA lies inside the ref it indexes; "
         "the chip does not check, and reads or overwrites other memory",
-        chip=current_name(),
         fix="clamp the indices to the ref's first dim (jnp.clip), or mask the lanes off",
     )
 
@@ -190,12 +180,9 @@ def _checked(what: str, shape: tuple[int, ...], indices: Sequence[Any], mask: An
         try:
             _check_indices(what, shape, idx, m)
         except IndexError as err:
-            from coremesh.testing.sim.deadlock import WATCHDOG
-
             here = dict(zip(names, (int(c) for c in flat[len(flat) - len(names) :]), strict=True))
             fault = _index_fault(err, source_info, here)
             fault.__cause__ = err
-            WATCHDOG.record(fault)
             raise fault from err
 
     extra = () if mask is None else (mask,)
