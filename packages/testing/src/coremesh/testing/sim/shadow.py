@@ -177,7 +177,7 @@ def _view(written: np.ndarray, rnge: Any) -> np.ndarray | None:
 #: vector subcore (jax's rewrite, traced under ``closed_scalars``: one lane written, all read,
 #: lane 0 kept).
 _RULES = (
-    ("sparsecore.py", ("_gather", "_scatter")),
+    ("sparsecore.py", ("_scatter",)),
     ("closed_scalars.py", ("fallback_lowering",)),
 )
 

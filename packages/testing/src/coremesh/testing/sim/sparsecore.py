@@ -193,8 +193,9 @@ def _gather(*flat_args: Any, tree: Any) -> Sequence[Any]:
     ref, transforms, indices, mask = tree.unflatten(flat_args)
     src = _ref(ref, transforms)
     _checked("plsc.load_gather", tuple(src.shape), indices, mask)
-    with jax.named_scope(shadow.WHOLE_REF_READ_SCOPE):  # not a use of what it does not gather
-        values = src[...]
+    # A use of the whole ref: an integer element nobody wrote raises even where no lane gathers
+    # it (there is no NaN to carry its taint to the lanes that do); a float one taints its lanes.
+    values = src[...]
     idx = tuple(jnp.clip(i, 0, n - 1) for i, n in zip(indices, src.shape, strict=True))
     out = values[idx]
     if mask is not None:
