@@ -23,30 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from coremesh.testing.sim.dma_source import retagged
-from coremesh.testing.sim.jaxprs import PerJaxpr
+from coremesh.testing.sim.dma_source import tagging_target
 
 #: Held across each adding write's read and store: the DMA engine adds atomically.
 _LOCK = threading.Lock()
 
 
-def tag(jaxpr: Any) -> Any | None:
-    """``jaxpr`` with its adding DMAs' source info marked, or ``None`` when it starts none
-    (nested levels are tagged when the interpreter reaches them)."""
-    from jax._src.pallas.mosaic import primitives as mosaic_primitives
-
-    eqns, changed = [], False
-    for eqn in jaxpr.eqns:
-        new = eqn
-        if (
-            eqn.primitive is mosaic_primitives.dma_start_p
-            and eqn.params.get("add")
-            and not getattr(eqn.source_info, "add", False)
-        ):
-            new = eqn.replace(source_info=retagged(eqn.source_info, add=True))
-            changed = True
-        eqns.append(new)
-    return jaxpr.replace(eqns=eqns) if changed else None
+def _tags(eqn: Any) -> dict[str, Any] | None:
+    return {"add": True} if eqn.params.get("add") else None
 
 
 def _adds(logging_info: Any) -> bool:
@@ -112,15 +96,7 @@ def _unwritten_destination(sm: Any, key: Any, rnge: Any, info: Any) -> Exception
 
 
 def targets() -> list[tuple[Any, str, Any]]:
-    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
     from jax._src.pallas.mosaic.interpret import shared_memory as memory
-
-    orig_interpret = ipc._interpret_jaxpr
-    tagged = PerJaxpr(tag)
-
-    def interpret_jaxpr(jaxpr: Any, *args: Any, ctx: Any, token: Any) -> Any:
-        done = tagged(jaxpr)
-        return orig_interpret(jaxpr if done is None else done, *args, ctx=ctx, token=token)
 
     orig_store = memory.SharedMemory.store_buffer_content
 
@@ -136,6 +112,6 @@ def targets() -> list[tuple[Any, str, Any]]:
             return orig_store(self, key, rnge, value if total is None else total, *a, **kw)
 
     return [
-        (ipc, "_interpret_jaxpr", interpret_jaxpr),
+        tagging_target(_tags),
         (memory.SharedMemory, "store_buffer_content", store_buffer_content),
     ]

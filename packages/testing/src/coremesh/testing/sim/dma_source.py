@@ -10,9 +10,12 @@ tags, so a DMA that has both keeps both.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from jax._src import source_info_util
+
+from coremesh.testing.sim.jaxprs import PerJaxpr
 
 
 class DmaSource(source_info_util.SourceInfo):  # type: ignore[misc]
@@ -34,3 +37,35 @@ def retagged(info: Any, **tags: Any) -> DmaSource:
         kept: dict[str, Any] = {"regular": info.regular, "add": info.add}
         return DmaSource(info, **(kept | tags))
     return DmaSource(info, **tags)
+
+
+def tagged_dmas(jaxpr: Any, tags_of: Callable[[Any], dict[str, Any] | None]) -> Any | None:
+    """``jaxpr`` (this level: the interpreter reaches nested ones itself) with each
+    ``dma_start`` equation's source info carrying ``tags_of(eqn)`` (None or empty: none), or
+    None when no equation's tags change."""
+    from jax._src.pallas.mosaic import primitives as mosaic_primitives
+
+    eqns, changed = [], False
+    for eqn in jaxpr.eqns:
+        tags = tags_of(eqn) if eqn.primitive is mosaic_primitives.dma_start_p else None
+        if tags and any(getattr(eqn.source_info, k, None) != v for k, v in tags.items()):
+            eqns.append(eqn.replace(source_info=retagged(eqn.source_info, **tags)))
+            changed = True
+        else:
+            eqns.append(eqn)
+    return jaxpr.replace(eqns=eqns) if changed else None
+
+
+def tagging_target(tags_of: Callable[[Any], dict[str, Any] | None]) -> tuple[Any, str, Any]:
+    """The interpreter's per-level jaxpr evaluation, running each level with its DMAs tagged by
+    ``tags_of`` (each level tagged once)."""
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    orig = ipc._interpret_jaxpr
+    tagged = PerJaxpr(lambda jaxpr: tagged_dmas(jaxpr, tags_of))
+
+    def interpret_jaxpr(jaxpr: Any, *args: Any, ctx: Any, token: Any) -> Any:
+        done = tagged(jaxpr)
+        return orig(jaxpr if done is None else done, *args, ctx=ctx, token=token)
+
+    return (ipc, "_interpret_jaxpr", interpret_jaxpr)

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coremesh.testing.sim.dma_source import retagged
-from coremesh.testing.sim.jaxprs import PerJaxpr
+from coremesh.testing.sim.dma_source import tagging_target
 
 
 def _is_regular(sem: Any) -> bool:
@@ -41,32 +40,13 @@ def regular_sides(eqn: Any) -> tuple[bool, bool]:
     return _is_regular(src_sem), _is_regular(dst_sem)
 
 
-def tag(jaxpr: Any) -> Any | None:
-    """``jaxpr`` with the source info of its DMAs to regular semaphores marked, or ``None``
-    when it starts none (nested levels are tagged when the interpreter reaches them)."""
-    from jax._src.pallas.mosaic import primitives as mosaic_primitives
-
-    eqns, changed = [], False
-    for eqn in jaxpr.eqns:
-        new = eqn
-        if eqn.primitive is mosaic_primitives.dma_start_p:
-            sides = regular_sides(eqn)
-            if any(sides) and getattr(eqn.source_info, "regular", None) != sides:
-                new = eqn.replace(source_info=retagged(eqn.source_info, regular=sides))
-                changed = True
-        eqns.append(new)
-    return jaxpr.replace(eqns=eqns) if changed else None
+def _tags(eqn: Any) -> dict[str, Any] | None:
+    sides = regular_sides(eqn)
+    return {"regular": sides} if any(sides) else None
 
 
 def targets() -> list[tuple[Any, str, Any]]:
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
-
-    orig = ipc._interpret_jaxpr
-    tagged = PerJaxpr(tag)
-
-    def interpret_jaxpr(jaxpr: Any, *args: Any, ctx: Any, token: Any) -> Any:
-        done = tagged(jaxpr)
-        return orig(jaxpr if done is None else done, *args, ctx=ctx, token=token)
 
     orig_size = ipc.DMA.data_size.fget
     started, read = ipc.DmaState.STARTED, ipc.DmaState.READ
@@ -81,7 +61,4 @@ def targets() -> list[tuple[Any, str, Any]]:
                 return 1
         return int(orig_size(self))
 
-    return [
-        (ipc, "_interpret_jaxpr", interpret_jaxpr),
-        (ipc.DMA, "data_size", property(data_size)),
-    ]
+    return [tagging_target(_tags), (ipc.DMA, "data_size", property(data_size))]
