@@ -38,15 +38,6 @@ import numpy as np
 from coremesh.testing.sim.jaxprs import PerJaxpr
 
 
-def uses_fetch_and_add(jaxpr: Any) -> bool:
-    """Does ``jaxpr`` (or a jaxpr inside it) call ``plsc.fetch_and_add``?"""
-    from jax._src.pallas.mosaic import sc_primitives as scp
-
-    from coremesh.testing.sim.jaxprs import all_eqns
-
-    return any(eqn.primitive is scp.fetch_and_add_p for eqn in all_eqns(jaxpr))
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Site:
     """What the host side of one ``fetch_and_add`` needs from its equation (compared by
@@ -245,4 +236,4 @@ def targets() -> list[tuple[Any, str, Any]]:
     return [(ipc, "_interpret_jaxpr", interpret_jaxpr), (ipc, "_interpret_impls", impls)]
 
 
-__all__: Sequence[str] = ("targets", "uses_fetch_and_add")
+__all__: Sequence[str] = ("targets",)

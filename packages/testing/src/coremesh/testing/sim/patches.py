@@ -525,7 +525,7 @@ def _interpret_call_targets() -> list[tuple[Any, str, Any]]:
     from jax._src.pallas.mosaic import core as mosaic_core
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
-    from coremesh.testing.sim import core_semaphores, fetch_and_add, sparsecore, subcore_barrier
+    from coremesh.testing.sim import core_semaphores, sparsecore, subcore_barrier
 
     orig = ipc.interpret_pallas_call
 
@@ -561,18 +561,12 @@ def _interpret_call_targets() -> list[tuple[Any, str, Any]]:
                 # mesh's grid already carries each subcore's coordinates: without the mesh in
                 # the context, axis_index reads them (the grid_names branch). The subcores run
                 # one after the other on one thread.
-                if "subcore_barrier" in _state.enabled and subcore_barrier.uses_barrier(
-                    kw["jaxpr"]
-                ):
-                    # A barrier: the subcores of a SparseCore run at once, on threads.
-                    interpret_params = subcore_barrier.prepare(mesh, interpret_params, kw)
-                    return orig(*args, mesh=None, interpret_params=interpret_params, **kw)
-                if {"fetch_and_add", "subcore_barrier"} <= _state.enabled and (
-                    fetch_and_add.uses_fetch_and_add(kw["jaxpr"])
-                ):
-                    # Another subcore's SMEM must exist apart from this one's: threads too.
+                threaded = subcore_barrier.threaded_by(kw["jaxpr"], _state.enabled)
+                if threaded is not None:
+                    # A barrier, or an add into another subcore's SMEM: the subcores of a
+                    # SparseCore run at once, on threads, each with SMEM and VMEM of its own.
                     interpret_params = subcore_barrier.prepare(
-                        mesh, interpret_params, kw, what="plsc.fetch_and_add"
+                        mesh, interpret_params, kw, what=threaded
                     )
                     return orig(*args, mesh=None, interpret_params=interpret_params, **kw)
                 mesh = None

@@ -181,9 +181,7 @@ def _checked(what: str, shape: tuple[int, ...], indices: Sequence[Any], mask: An
             _check_indices(what, shape, idx, m)
         except IndexError as err:
             here = dict(zip(names, (int(c) for c in flat[len(flat) - len(names) :]), strict=True))
-            fault = _index_fault(err, source_info, here)
-            fault.__cause__ = err
-            raise fault from err
+            raise _index_fault(err, source_info, here) from err
 
     extra = () if mask is None else (mask,)
     io_callback(check, None, *indices, *extra, *coords)

@@ -63,9 +63,28 @@ def uses_barrier(jaxpr: Any) -> bool:
     """Does ``jaxpr`` (or a jaxpr inside it) call ``plsc.subcore_barrier``?"""
     from jax._src.pallas.mosaic import sc_primitives as scp
 
+    return _calls(jaxpr, scp.barrier_p)
+
+
+def _calls(jaxpr: Any, primitive: Any) -> bool:
     from coremesh.testing.sim.jaxprs import all_eqns
 
-    return any(eqn.primitive is scp.barrier_p for eqn in all_eqns(jaxpr))
+    return any(eqn.primitive is primitive for eqn in all_eqns(jaxpr))
+
+
+def threaded_by(jaxpr: Any, enabled: frozenset[str]) -> str | None:
+    """What makes a SparseCore kernel run its subcores on threads, as ``prepare``'s refusals
+    name it: a barrier (patch ``subcore_barrier``), or a ``fetch_and_add``, which reaches into
+    another subcore's SMEM (patches ``fetch_and_add`` and ``subcore_barrier``); None: neither."""
+    from jax._src.pallas.mosaic import sc_primitives as scp
+
+    if "subcore_barrier" not in enabled:
+        return None
+    if _calls(jaxpr, scp.barrier_p):
+        return "plsc.subcore_barrier"
+    if "fetch_and_add" in enabled and _calls(jaxpr, scp.fetch_and_add_p):
+        return "plsc.fetch_and_add"
+    return None
 
 
 def _barrier_eqns(grid_mapping: Any) -> list[Any]:
@@ -352,4 +371,4 @@ def targets() -> list[tuple[Any, str, Any]]:
     ]
 
 
-__all__: Sequence[str] = ("REASON", "describe", "prepare", "targets", "uses_barrier")
+__all__: Sequence[str] = ("REASON", "describe", "prepare", "targets", "threaded_by", "uses_barrier")
