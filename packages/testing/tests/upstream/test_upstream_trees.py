@@ -85,6 +85,14 @@ def test_needs_table() -> None:
         "v5p", 8, "cpu"
     )
     assert needs_for("tpu_sparsecore_pallas_test.py::PallasSCTest::test_x") == Needs()
+    # v5p's megacore would split the parallel dimension the test expects on core 0.
+    randomized = (
+        "tpu_pallas_interpret_test.py::InterpretTest::test_randomization_of_parallel_dimensions"
+    )
+    assert needs_for(randomized) == Needs("v5e", 1, "cpu")
+    assert needs_for("tpu_pallas_interpret_test.py::InterpretTest::test_x") == Needs(
+        "v5p", 1, "cpu"
+    )
     assert most_devices("tpu_pallas_async_test.py") == 4
     assert most_devices("tpu_pallas_test.py") == 1
 

@@ -71,6 +71,11 @@ TABLE: tuple[tuple[str, Needs, str], ...] = (
         "CPU-only (test_device_matches(['cpu'])); request_cpu_devices(8), needs >= 4",
     ),
     (
+        "tpu_pallas_interpret_test.py::*::test_randomization_of_parallel_dimensions",
+        Needs("v5e", 1, "cpu"),
+        "every grid point expected on core 0 (interpret mode's one core): a one-TensorCore chip",
+    ),
+    (
         "tpu_pallas_interpret_test.py::*",
         Needs("v5p", 1, "cpu"),
         "CPU-only: test_device_matches(['cpu'])",
