@@ -154,6 +154,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "resident_aliases",  # test_resident_aliases.py
         "hardware_prng",  # test_hardware_prng.py
         "pipeline_primitive",  # test_pipeline_primitive.py
+        "sparsecore_bitcast",  # test_sparsecore_bitcast.py
     }
     assert covered == set(PATCH_NAMES)
 

@@ -1058,6 +1058,12 @@ def _pipeline_primitive_targets() -> list[tuple[Any, str, Any]]:
     return pipeline_primitive.targets()
 
 
+def _sparsecore_bitcast_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import sc_bitcast
+
+    return sc_bitcast.targets()
+
+
 def _schedule_targets() -> list[tuple[Any, str, Any]]:
     from coremesh.testing.sim import schedule
 
@@ -1186,6 +1192,15 @@ PATCHES: tuple[Patch, ...] = (
         "lowering does (emit_pipeline_to_jaxpr)",
         _pipeline_primitive_targets,
         fixed_in="0.11.0",
+    ),
+    Patch(  # after sparsecore_primitives: it rewrites each level first, before that refusal
+        "sparsecore_bitcast",
+        "plsc.bitcast binds the SparseCore primitive bitcast (sc_primitives.py bitcast_p), which "
+        "has no interpreter rule and no CPU lowering: the core's program fails to compile "
+        "('MLIR translation rule for primitive 'bitcast' not found for platform cpu'); jax 0.12 "
+        "makes it pltpu.bitcast(x, dtype, dim=-1), which the interpreter runs",
+        _sparsecore_bitcast_targets,
+        fixed_in="0.12.0",
     ),
     Patch(
         "mpmd_kernels",

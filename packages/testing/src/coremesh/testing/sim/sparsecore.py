@@ -125,6 +125,10 @@ _WHY_FETCH_AND_ADD = (
     "off the subcores of a SparseCore share one interpreter core, so another subcore's SMEM "
     "does not exist apart"
 )
+_WHY_BITCAST = (
+    "before jax 0.12 it is a SparseCore primitive with no interpreter rule and no CPU "
+    "lowering, and patch sparsecore_bitcast, which runs it, is off"
+)
 
 
 def _uninitialized(dtype: Any) -> Any:
@@ -518,9 +522,11 @@ def refusal(primitive: Any) -> NotSimulatedError | None:
     if name is None:
         return None
     api = _API_NAMES.get(name, f"the SparseCore primitive {name!r}")
-    why = {"barrier": _WHY_BARRIER, "sc_fetch_and_add": _WHY_FETCH_AND_ADD}.get(
-        name, "jax's TPU interpreter has no rule for it"
-    )
+    why = {
+        "barrier": _WHY_BARRIER,
+        "bitcast": _WHY_BITCAST,
+        "sc_fetch_and_add": _WHY_FETCH_AND_ADD,
+    }.get(name, "jax's TPU interpreter has no rule for it")
     return _not_simulated(api, why)
 
 
