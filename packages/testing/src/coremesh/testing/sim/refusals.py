@@ -125,6 +125,7 @@ def check_kernel(
             check_lowered_primitives(inner, label, chip.name)
             if not _is_mpmd(grid_mapping):
                 check_tensorcore_dma_add(inner, label, chip.name)
+                check_tensorcore_sparsecore_ops(inner, label, chip.name)
         check_integer_ops(inner, label, chip.name)
         check_multicore_vmem_operands(inner, mesh, grid_mapping, label, chip.name)
     elif type(mesh).__name__ == "VectorSubcoreMesh":
@@ -224,6 +225,93 @@ def check_tensorcore_dma_add(jaxpr: Any, label: str, chip: str) -> None:
                 fix="copy into VMEM and add there (o_ref[...] += buf[...]), or run the "
                 "accumulation on the SparseCore (plsc.VectorSubcoreMesh)",
             )
+
+
+#: The ``plsc`` call behind each SparseCore primitive (``sc_primitives.py``), for the error;
+#: ``swap`` and ``scatter`` are told apart by their ``add`` and ``has_mask`` parameters.
+_SPARSECORE_CALLS = {
+    "gather": "plsc.load_gather",
+    "load": "plsc.load_expanded",
+    "barrier": "plsc.subcore_barrier",
+    "bitcast": "plsc.bitcast",
+    "masked_cummax": "plsc.cummax",
+    "masked_cummin": "plsc.cummin",
+    "masked_cumsum": "plsc.cumsum",
+    "masked_sort": "plsc.sort_key_val",
+    "unique": "plsc.scan_count",  # its name on jax 0.10
+    "sc_fetch_and_add": "plsc.fetch_and_add",
+}
+#: What a TensorCore kernel writes instead, where it has its own form of the operation.
+_TENSORCORE_FORMS = {
+    "parallel_loop": "a TensorCore loop is jax.lax.fori_loop (or pl.loop)",
+    "bitcast": "the TensorCore's bitcast is pltpu.bitcast(x, dtype)",
+    "barrier": "a TensorCore has no subcores to wait for: drop the barrier (cores synchronise "
+    "with semaphores)",
+}
+
+
+@functools.cache
+def _sparsecore_only_primitives() -> frozenset[Any]:
+    """The installed jax's SparseCore primitives that Mosaic's TensorCore lowering has no rule
+    for: each primitive of ``sc_primitives`` (all of them on jax 0.10.2 to 0.12.0.1)."""
+    from jax._src import core as jax_core
+    from jax._src.pallas.mosaic import core as tpu_core
+    from jax._src.pallas.mosaic import lowering, sc_primitives
+
+    rules = lowering.lowering_rules[tpu_core.CoreType.TC]
+    return frozenset(
+        v
+        for v in vars(sc_primitives).values()
+        if isinstance(v, jax_core.Primitive) and v not in rules
+    )
+
+
+def _sparsecore_call(eqn: Any) -> str:
+    """The ``plsc`` call that bound ``eqn``'s SparseCore primitive."""
+    name, params = eqn.primitive.name, eqn.params
+    if name == "swap":
+        if not params.get("add"):
+            return "plsc.store_compressed"
+        return "plsc.addupdate_compressed" if params.get("has_mask") else "plsc.addupdate"
+    if name == "scatter":
+        return "plsc.addupdate_scatter" if params.get("add") else "plsc.store_scatter"
+    return _SPARSECORE_CALLS.get(name, f"plsc.{name}")
+
+
+def check_tensorcore_sparsecore_ops(jaxpr: Any, label: str, chip: str) -> None:
+    """Refuse a SparseCore operation (``plsc.load_gather``, ``plsc.cumsum``,
+    ``plsc.parallel_loop``, ...) in a TensorCore kernel, with Mosaic's words: its TensorCore
+    lowering has no rule for any of them (lowering.py ``jaxpr_subcomp``; libtpu 0.0.52 refuses
+    each on v5p, v6e and TPU7x, jax 0.10.2 to 0.12.0.1, and on v4 and v5e those that trace
+    without a SparseCore), while the simulator's SparseCore rules (:mod:`.sparsecore`) run them
+    in any kernel. From jax 0.12 ``plsc.bitcast``
+    is ``pltpu.bitcast``, no SparseCore primitive, and compiles. An MPMD kernel's bodies are not
+    looked into: some of them are SparseCore ones."""
+    from coremesh.core.chips import chip_names, get_chip
+
+    refused = _sparsecore_only_primitives()
+    for eqn in all_eqns(jaxpr):
+        if eqn.primitive not in refused:
+            continue
+        call, name = _sparsecore_call(eqn), eqn.primitive.name
+        where = user_location(eqn.source_info)
+        with_cores = ", ".join(n for n in chip_names() if get_chip(n).sparsecore is not None)
+        instead = _TENSORCORE_FORMS.get(name)
+        raise UnsupportedOnChipError(  # a NotImplementedError, as Mosaic's own
+            f"{label} calls {call}"
+            + (f" at {where}" if where else "")
+            + ", a SparseCore operation, in a TensorCore kernel: Unimplemented primitive in "
+            f"Pallas TPU lowering for tc: {name}.",
+            rule="plsc operations run only on a SparseCore's subcores; Mosaic lowers them in a "
+            "kernel over plsc.VectorSubcoreMesh or plsc.ScalarSubcoreMesh and refuses them, on "
+            "every chip, in a TensorCore kernel (a pl.pallas_call, or pl.kernel / pl.core_map "
+            "over a TensorCore mesh)",
+            chip=chip,
+            fix=(f"{instead}; or " if instead else "")
+            + "run this part in a SparseCore kernel (pl.kernel(..., mesh=plsc.VectorSubcoreMesh("
+            f"core_axis_name=..., subcore_axis_name=...)), on {with_cores}), or compute it "
+            "outside the kernel",
+        )
 
 
 def check_explicit_mxu(jaxpr: Any, label: str, chip: str) -> None:
