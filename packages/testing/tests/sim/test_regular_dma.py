@@ -153,3 +153,93 @@ def test_a_regular_semaphore_dma_is_refused_where_mosaic_refuses_it(
                 jax.jit(local_copy)(x)
         else:
             np.testing.assert_array_equal(np.asarray(jax.jit(local_copy)(x)), x)
+
+
+def window_copy(full: tuple[int, ...], window: tuple[slice, ...]) -> Any:
+    """A kernel copying ``x[window]`` HBM -> VMEM on a REGULAR semaphore, then the VMEM copy
+    out with a DMA semaphore (JAX's test_unrolled_dma_with_regular_semaphore_raises, sized)."""
+    shape = tuple(len(range(*w.indices(n))) for w, n in zip(window, full, strict=True))
+
+    def kernel(x_hbm: Any, o_hbm: Any) -> None:
+        def body(vmem: Any, sem: Any, done: Any) -> None:
+            pltpu.async_copy(x_hbm.at[window], vmem, sem)
+            pl.semaphore_wait(sem)
+            pltpu.async_copy(vmem, o_hbm, done).wait()
+
+        pl.run_scoped(
+            body,
+            pltpu.VMEM(shape, jnp.float32),
+            pltpu.SemaphoreType.REGULAR,
+            pltpu.SemaphoreType.DMA,
+        )
+
+    return pl.pallas_call(
+        kernel,
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pl.ANY),
+        out_shape=jax.ShapeDtypeStruct(shape, jnp.float32),
+    )
+
+
+_ALL = slice(None)
+_TWO = slice(0, 2)
+#: (ref shape, window, strided levels) around the bound: libtpu 0.0.52 compiles 3, unrolls 4.
+WINDOWS = [
+    ((3, 3, 3, 3, 8, 128), (_TWO,) * 4 + (_ALL,) * 2, 3),
+    ((3, 3, 3, 3, 3, 8, 128), (_TWO,) * 5 + (_ALL,) * 2, 4),
+    ((3, 3, 3, 3, 3, 8, 128), (_TWO,) * 4 + (_ALL,) * 3, 3),
+    ((2, 3, 3, 3, 3, 128), (_ALL,) + (_TWO,) * 4 + (_ALL,), 4),  # JAX's test
+    ((2, 3, 3, 3, 3, 128), (slice(0, 1),) + (_TWO,) * 4 + (_ALL,), 3),
+    ((3, 3, 3, 3, 128), (_TWO,) * 4 + (_ALL,), 3),
+    ((2, 2, 2, 2, 3, 128), (_ALL,) * 4 + (_TWO, _ALL), 1),
+    ((3, 3, 3, 3, 16, 128), (_TWO,) * 4 + (slice(0, 8), _ALL), 4),
+    ((3, 3, 3, 3, 256), (_TWO,) * 4 + (slice(0, 128),), 3),
+    ((3, 3, 3, 3, 3, 8, 256), (_TWO,) * 4 + (_ALL, _ALL, slice(0, 128)), 4),
+]
+
+
+@pytest.mark.parametrize(("full", "window", "levels"), WINDOWS)
+def test_a_regular_semaphore_dma_mosaic_unrolls_is_refused(
+    full: tuple[int, ...], window: tuple[slice, ...], levels: int
+) -> None:
+    """libtpu unrolls a transfer of 4 or more strided levels, and then refuses its regular
+    semaphore; the simulator counts the same levels and refuses the same kernels with Mosaic's
+    words, and runs the others (the window against numpy)."""
+    from coremesh.testing.aot.topology import CompileTarget
+    from coremesh.testing.sim import dma_unrolling
+    from coremesh.testing.sim.errors import MosaicRefusalError
+
+    words = "Non-DMA semaphores in transfers that require unrolling"
+    refused = levels >= dma_unrolling.UNROLLED_FROM
+    call = window_copy(full, window)
+    x = np.arange(np.prod(full), dtype=np.float32).reshape(full)
+    said = ""
+    with CompileTarget.for_chip("v6e", devices=1).activate():
+        try:
+            jax.jit(call).trace(jax.ShapeDtypeStruct(full, jnp.float32)).lower().compile()
+        except Exception as err:  # the compiler's own error type
+            said = str(err)
+    assert (words in said) == refused, said
+    assert dma_unrolling.levels(*_levels_input(full, window)) == levels
+    with simulate("v6e", 1):
+        if refused:
+            with pytest.raises(MosaicRefusalError, match=words):
+                jax.jit(call)(x)
+        else:
+            np.testing.assert_array_equal(np.asarray(jax.jit(call)(x)), x[window])
+
+
+def _levels_input(full: tuple[int, ...], window: tuple[slice, ...]) -> Any:
+    """The window as :func:`dma_unrolling.levels` takes it, from the traced DMA."""
+    from jax._src.pallas.mosaic import primitives as mosaic_primitives
+
+    from coremesh.testing.sim import dma_unrolling
+    from coremesh.testing.sim.jaxprs import all_eqns
+
+    closed = jax.make_jaxpr(window_copy(full, window))(jax.ShapeDtypeStruct(full, jnp.float32))
+    kernel = next(e for e in all_eqns(closed.jaxpr) if e.primitive.name == "pallas_call")
+    dma = next(
+        e for e in all_eqns(kernel.params["jaxpr"]) if e.primitive is mosaic_primitives.dma_start_p
+    )
+    src = dma.params["tree"].unflatten(dma.invars)[0]
+    return dma_unrolling._window(src)

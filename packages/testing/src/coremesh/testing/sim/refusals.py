@@ -118,7 +118,7 @@ def check_kernel(
             err.what + listed, rule=err.rule, chip=err.chip, fix=err.fix
         ) from None
     check_side_effects(compiler_params, label, chip.name)
-    check_regular_semaphore_dmas(inner, label, chip.name)
+    check_regular_semaphore_dmas(inner, label, chip.name, tensorcore=not sparsecore)
     check_explicit_mxu(inner, label, chip.name)
     if not sparsecore:
         if _tensorcore_kernel_type(compiler_params):
@@ -175,26 +175,45 @@ def check_side_effects(compiler_params: Any, label: str, chip: str) -> None:
 _NO_REGULAR_SEMAPHORE_DMA = frozenset({"v4", "v5e"})
 
 
-def check_regular_semaphore_dmas(jaxpr: Any, label: str, chip: str) -> None:
-    """Refuse a DMA that signals a REGULAR semaphore where Mosaic refuses it."""
-    if chip not in _NO_REGULAR_SEMAPHORE_DMA:
-        return
+def check_regular_semaphore_dmas(
+    jaxpr: Any, label: str, chip: str, *, tensorcore: bool = True
+) -> None:
+    """Refuse a DMA that signals a REGULAR semaphore where Mosaic refuses it: on a chip whose
+    DMAs signal DMA semaphores only, and, in a TensorCore kernel (whose tiling
+    :mod:`.dma_unrolling` counts in), when the transfer is one Mosaic unrolls into several DMAs,
+    which would each signal it."""
     from jax._src.pallas.mosaic import primitives as mosaic_primitives
 
+    from coremesh.testing.sim import dma_unrolling
     from coremesh.testing.sim.regular_dma import regular_sides
 
     for eqn in all_eqns(jaxpr):
-        if eqn.primitive is mosaic_primitives.dma_start_p and any(regular_sides(eqn)):
-            where = user_location(eqn.source_info)
+        if eqn.primitive is not mosaic_primitives.dma_start_p or not any(regular_sides(eqn)):
+            continue
+        where = user_location(eqn.source_info)
+        starts = f"{label} starts a DMA that signals a REGULAR semaphore" + (
+            f" at {where}" if where else ""
+        )
+        if chip in _NO_REGULAR_SEMAPHORE_DMA:
             raise MosaicRefusalError(
-                f"{label} starts a DMA that signals a REGULAR semaphore"
-                + (f" at {where}" if where else "")
-                + ": Regular semaphores in EnqueueDMA are not supported on this target.",
+                starts + ": Regular semaphores in EnqueueDMA are not supported on this target.",
                 rule=f"a DMA on {chip} signals DMA semaphores only (TPU v5p, v6e and TPU7x "
                 "take regular ones too)",
                 chip=chip,
                 fix="allocate the DMA's semaphore as pltpu.SemaphoreType.DMA and wait with the "
                 "copy's .wait()",
+            )
+        if tensorcore and dma_unrolling.needs_unrolling(eqn):
+            raise MosaicRefusalError(
+                starts + ": Not implemented: Non-DMA semaphores in transfers that require "
+                "unrolling.",
+                rule=f"Mosaic unrolls a transfer whose window has {dma_unrolling.UNROLLED_FROM} "
+                "or more strided levels in tiled memory into several DMAs, and only a DMA "
+                "semaphore counts what several DMAs signal",
+                chip=chip,
+                fix="signal a pltpu.SemaphoreType.DMA semaphore and wait with the copy's "
+                ".wait(), or copy a window with fewer strided dimensions (take whole minor "
+                "dimensions, or split the copy in a loop)",
             )
 
 
