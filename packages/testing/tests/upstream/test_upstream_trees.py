@@ -93,6 +93,12 @@ def test_needs_table() -> None:
     assert needs_for("tpu_pallas_interpret_test.py::InterpretTest::test_x") == Needs(
         "v5p", 1, "cpu"
     )
+    # Tests that skip below TPU v6 get a v6e; their neighbours keep the file's slice.
+    assert needs_for("tpu_ops_test.py::OpsTest::test_quantize1") == Needs("v6e", 4)
+    assert needs_for("tpu_ops_test.py::OpsTest::test_bitcast3") == Needs()
+    dma = "tpu_pallas_test.py::PallasCallDMATest::"
+    assert needs_for(dma + "test_dma_with_regular_semaphore") == Needs("v6e", 1)
+    assert needs_for(dma + "test_dma_with_dma_semaphore") == Needs("v5p", 1)
     assert most_devices("tpu_pallas_async_test.py") == 4
     assert most_devices("tpu_pallas_test.py") == 1
 

@@ -56,6 +56,26 @@ TABLE: tuple[tuple[str, Needs, str], ...] = (
         "setUp: skips when device_count() > 1",
     ),
     (
+        "tpu_ops_test.py::*::test_bf16_input_reduce_index*",
+        Needs("v6e", 4),
+        "skipTest('Requires TPUv6+') unless is_device_tpu_at_least(6)",
+    ),
+    (
+        "tpu_ops_test.py::*::test_dynamic_gather_along_axis*",
+        Needs("v6e", 4),
+        "skipTest('Requires TPUv6+') unless is_device_tpu_at_least(version=6)",
+    ),
+    (
+        "tpu_ops_test.py::*::test_quantize*",
+        Needs("v6e", 4),
+        "skipTest('Requires TPUv6+') unless is_device_tpu_at_least(version=6)",
+    ),
+    (
+        "tpu_pallas_test.py::*regular_semaphore*",
+        Needs("v6e", 1),
+        "skipTest('Regular semaphores in DMAs require TPU v6+') unless is_device_tpu_at_least(6)",
+    ),
+    (
         "tpu_pallas_test.py::*",
         Needs("v5p", 1),
         "single-device kernels; several skip when device_count() > 1",
