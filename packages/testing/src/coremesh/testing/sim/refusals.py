@@ -118,7 +118,8 @@ def check_kernel(
             err.what + listed, rule=err.rule, chip=err.chip, fix=err.fix
         ) from None
     check_side_effects(compiler_params, label, chip.name)
-    check_regular_semaphore_dmas(inner, label, chip.name, tensorcore=not sparsecore)
+    tensorcore = not sparsecore and not _is_mpmd(grid_mapping)
+    check_regular_semaphore_dmas(inner, label, chip.name, tensorcore=tensorcore)
     check_explicit_mxu(inner, label, chip.name)
     if not sparsecore:
         if _tensorcore_kernel_type(compiler_params):
