@@ -118,15 +118,16 @@ def check_kernel(
             err.what + listed, rule=err.rule, chip=err.chip, fix=err.fix
         ) from None
     check_side_effects(compiler_params, label, chip.name)
+    # An MPMD kernel's bodies are SparseCore ones: jax refuses a TensorCore mesh beside a
+    # SparseCore one, and two TensorCore meshes, as it traces the kernel.
     tensorcore = not sparsecore and not _is_mpmd(grid_mapping)
     check_regular_semaphore_dmas(inner, label, chip.name, tensorcore=tensorcore)
     check_explicit_mxu(inner, label, chip.name)
-    if not sparsecore:
+    if tensorcore:
         if _tensorcore_kernel_type(compiler_params):
             check_lowered_primitives(inner, label, chip.name)
-            if not _is_mpmd(grid_mapping):
-                check_tensorcore_dma_add(inner, label, chip.name)
-                check_tensorcore_sparsecore_ops(inner, label, chip.name)
+            check_tensorcore_dma_add(inner, label, chip.name)
+            check_tensorcore_sparsecore_ops(inner, label, chip.name)
         check_integer_ops(inner, label, chip.name)
         check_multicore_vmem_operands(inner, mesh, grid_mapping, label, chip.name)
     elif type(mesh).__name__ == "VectorSubcoreMesh":
