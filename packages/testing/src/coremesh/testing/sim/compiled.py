@@ -326,6 +326,29 @@ def _raise_block(name: str | None, blocks: list[Any], shapes: list[Any], *flat: 
     raise fault
 
 
+def megacore_split(grid: tuple[int, ...], compiler_params: Any, cores: int) -> int:
+    """Grid steps per core, as the interpreter splits a grid between a chip's cores: the
+    points of the leading "parallel" dimensions, rounded up to a whole share each."""
+    n = math.prod(grid)
+    semantics = getattr(compiler_params, "dimension_semantics", None) or ()
+    parallel = 1
+    for size, sem in zip(grid, semantics, strict=False):
+        if str(sem).lower().rsplit(".", 1)[-1] != "parallel":  # as the interpreter splits
+            break
+        parallel *= size
+    return -(-parallel // cores) * (n // parallel) if n else 1
+
+
+def grid_order(grid: tuple[int, ...], compiler_params: Any, seed: int | None) -> Any:
+    """The interpreter's order of the parallel grid points (seeded, the same permutation)."""
+    from jax._src.pallas.mosaic import core as mosaic_core
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    return ipc._get_randomized_grid_coordinates(
+        grid, compiler_params or mosaic_core.CompilerParams(), seed
+    )
+
+
 def run(
     *args: Any,
     jaxpr: Any,
@@ -340,8 +363,6 @@ def run(
 ) -> list[Any]:
     """The outputs of the kernel ``jaxpr`` over its grid (traced inside the call's lowering)."""
     from jax._src.pallas import hlo_interpreter
-    from jax._src.pallas.mosaic import core as mosaic_core
-    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
     _tls.kernel, _tls.checking = name, True
     try:
@@ -351,34 +372,24 @@ def run(
     finally:
         _tls.checking = False
     grid = tuple(int(g) for g in grid_mapping.grid)
-    n_scalars = len(args[grid_mapping.slice_index_ops])
     n = math.prod(grid)
-    semantics = getattr(compiler_params, "dimension_semantics", None) or ()
-    parallel = 1
-    for size, sem in zip(grid, semantics, strict=False):
-        if str(sem).lower().rsplit(".", 1)[-1] != "parallel":  # as the interpreter splits
-            break
-        parallel *= size
-    per_core = -(-parallel // cores) * (n // parallel) if n else 1
-    loop = _GridLoop(
-        body=body,
-        scratch_avals=scratch_avals,
+    per_core = megacore_split(grid, compiler_params, cores)
+    filler = functools.partial(fill, taint=taint, mode=mode)
+    loop = GridLoop(
+        step=_Discharged(body, scratch_avals, filler, grid_mapping),
         grid_mapping=grid_mapping,
-        n_scalars=n_scalars,
+        n_scalars=grid_mapping.num_index_operands,
         per_core=per_core,
-        # The interpreter's order of the parallel grid points (seeded, the same permutation).
-        coords=ipc._get_randomized_grid_coordinates(
-            grid, compiler_params or mosaic_core.CompilerParams(), seed
-        ),
+        coords=grid_order(grid, compiler_params, seed),
         name=name,
-        filler=functools.partial(fill, taint=taint, mode=mode),
+        filler=filler,
     )
     shares = [(c * per_core, min((c + 1) * per_core, n)) for c in range(cores)]
     shares = [(a, b) for a, b in shares if a < b]
     if len(shares) > 1 and largest_product(body) <= THREADED_PRODUCT_MAX:
         outs = _on_threads(loop, shares, body_consts, args)
     else:
-        outs, _ = loop(0, n, body_consts, *args)
+        outs, _, _ = loop(0, n, body_consts, *args)
     results = []
     for k, (padded_out, bm) in enumerate(zip(outs, loop.outputs, strict=True)):
         value = lax.slice(padded_out, (0,) * padded_out.ndim, bm.array_aval.shape)
@@ -392,16 +403,57 @@ def run(
     return results
 
 
-class _GridLoop:
+class _Discharged:
+    """A grid step of a kernel whose refs are all blocks and scratch: its state-discharged
+    body, with the scratch values as the carry (fresh on each core)."""
+
+    def __init__(
+        self, body: Any, scratch_avals: Sequence[Any], filler: Callable[..., Any], gm: Any
+    ) -> None:
+        self.body, self.scratch_avals, self.filler = body, scratch_avals, filler
+        self.n_out = gm.num_outputs
+        self.n_in = len(gm.block_mappings) - self.n_out
+        self.whole = (False,) * len(gm.block_mappings)
+
+    def init(self, consts: Sequence[Any], scalars: Sequence[Any], whole: Sequence[Any]) -> Any:
+        del consts, scalars, whole
+        return [self.filler(a.shape, a.dtype) for a in self.scratch_avals]
+
+    def begin(self, first: Any, carry: Any) -> Any:
+        return [_fresh_if(first, v, self.filler) for v in carry]
+
+    def __call__(
+        self,
+        consts: Sequence[Any],
+        carry: Any,
+        scalars: Sequence[Any],
+        in_blocks: Sequence[Any],
+        out_blocks: Sequence[Any],
+        point: tuple[Any, ...],
+    ) -> tuple[list[Any], Any]:
+        from jax._src import core as jax_core
+
+        del point  # program ids read the grid environment
+        results = jax_core.eval_jaxpr(self.body, consts, *scalars, *in_blocks, *out_blocks, *carry)[
+            len(scalars) :
+        ]
+        n_in, n_out = self.n_in, self.n_out
+        return list(results[n_in : n_in + n_out]), list(results[n_in + n_out :])
+
+
+class GridLoop:
     """The steps ``[start, stop)`` of a kernel's grid as one ``while_loop``: a whole single-core
-    grid, or one core's share of it. A share starts as its core does (fresh outputs and
-    scratch) and also returns, per output, which elements it wrote back."""
+    grid, or one core's share of it. The loop slices each step's input blocks, keeps its output
+    blocks and writes them back; ``step`` (:class:`_Discharged`, or the DMA kernels' step of
+    :mod:`coremesh.testing.sim.compiled_grid_dma`) runs the body on them and carries the rest
+    (scratch, refs reached by DMA) from step to step, restarting it where a core starts. A
+    share also returns, per output block, which elements it wrote back. Operands the step
+    marks ``whole`` (HBM refs the kernel reaches by DMA) are its own, not sliced here."""
 
     def __init__(
         self,
         *,
-        body: Any,
-        scratch_avals: Sequence[Any],
+        step: Any,
         grid_mapping: Any,
         n_scalars: int,
         per_core: int,
@@ -411,11 +463,16 @@ class _GridLoop:
     ) -> None:
         from jax._src.pallas import core as pallas_core
 
-        self.body, self.scratch_avals, self.name, self.filler = body, scratch_avals, name, filler
+        self.step, self.name, self.filler = step, name, filler
         self.grid = tuple(int(g) for g in grid_mapping.grid)
         self.n_scalars, self.per_core, self.coords = n_scalars, per_core, coords
-        self.mappings = grid_mapping.block_mappings
-        self.n_in = len(self.mappings) - grid_mapping.num_outputs
+        mappings = grid_mapping.block_mappings
+        n_in = len(mappings) - grid_mapping.num_outputs
+        whole = tuple(step.whole)
+        self.blocked = [k for k in range(len(mappings)) if not whole[k]]
+        self.whole_inputs = [k for k in range(n_in) if whole[k]]
+        self.mappings = [mappings[k] for k in self.blocked]
+        self.n_in = sum(1 for k in self.blocked if k < n_in)
         self.outputs = self.mappings[self.n_in :]
         self.shapes = [tuple(pallas_core._get_block_shape(bm.block_shape)) for bm in self.mappings]
         self.squeezes = [_block_kinds(bm) for bm in self.mappings]
@@ -432,27 +489,31 @@ class _GridLoop:
         *args: Any,
         track: bool = False,
         coords: Sequence[Any] | None = None,
-    ) -> tuple[list[Any], list[Any]]:
-        """(padded outputs, written masks: empty unless ``track``) after steps start..stop."""
-        from jax._src import core as jax_core
+    ) -> tuple[list[Any], list[Any], Any]:
+        """(padded output blocks, written masks: empty unless ``track``, the step's carry)
+        after steps start..stop."""
         from jax._src.pallas import core as pallas_core
 
         filler, grid, shapes, squeezes = self.filler, self.grid, self.shapes, self.squeezes
         n, per_core, n_in = math.prod(grid), self.per_core, self.n_in
         scalars = args[: self.n_scalars]
-        ins = [_pad(x, s, filler) for x, s in zip(args[self.n_scalars :], shapes, strict=False)]
+        operands = args[self.n_scalars :]
+        ins = [
+            _pad(operands[k], s, filler)
+            for k, s in zip(self.blocked[:n_in], shapes[:n_in], strict=True)
+        ]
         outs = [
             filler(s, bm.array_aval.dtype)
             for s, bm in zip(self.out_shapes, self.outputs, strict=True)
         ]
-        scratch = [filler(a.shape, a.dtype) for a in self.scratch_avals]
+        state = self.step.init(consts, scalars, [operands[k] for k in self.whole_inputs])
         masks = [jnp.zeros(s, jnp.bool_) for s in self.out_shapes] if track else []
         padded = [x.shape for x in ins] + [o.shape for o in outs]
-        body, name = self.body, self.name
+        step_fn, name = self.step, self.name
         coords = self.coords if coords is None else coords
 
         def step(carry: tuple[Any, ...]) -> tuple[Any, ...]:
-            i, loop_idx, prev, out_vals, scratch_vals, mask_vals = carry
+            i, loop_idx, prev, out_vals, state, mask_vals = carry
             first = (i % per_core) == 0 if per_core < n else i == 0
             point = tuple(
                 li if c.size == 0 else c[li] for li, c in zip(loop_idx, coords, strict=True)
@@ -473,7 +534,7 @@ class _GridLoop:
                 report = functools.partial(_raise_block, name, shapes, padded)
                 when(functools.reduce(jnp.logical_or, bad), report, *flat)
             if per_core < n:
-                scratch_vals = [_fresh_if(first, v, filler) for v in scratch_vals]
+                state = step_fn.begin(first, state)
             in_blocks = [
                 _slice(x, s, b, q)
                 for x, s, b, q in zip(ins, starts, shapes, squeezes, strict=False)
@@ -489,11 +550,7 @@ class _GridLoop:
                 block = _slice(value, start, shapes[n_in + k], squeezes[n_in + k])
                 out_blocks.append(_fresh_if(changed, block, filler))
             with pallas_core.grid_env(env):
-                results = jax_core.eval_jaxpr(
-                    body, consts, *scalars, *in_blocks, *out_blocks, *scratch_vals
-                )
-            results = results[len(scalars) :]
-            written = results[n_in : n_in + len(outs)]
+                written, state = step_fn(consts, state, scalars, in_blocks, out_blocks, point)
             new_outs = [
                 _update(value, block, starts[n_in + k], shapes[n_in + k], squeezes[n_in + k])
                 for k, (value, block) in enumerate(zip(out_vals, written, strict=True))
@@ -508,7 +565,6 @@ class _GridLoop:
                 )
                 for k, (m, b) in enumerate(zip(mask_vals, written, strict=False))
             ]
-            new_scratch = list(results[n_in + len(outs) :])
             nxt = []
             carry_on = jnp.bool_(True)
             for size, index in reversed(list(zip(grid, loop_idx, strict=True))):
@@ -518,7 +574,7 @@ class _GridLoop:
             prev_new = tuple(
                 tuple(jnp.asarray(s, jnp.int32) for s in starts[n_in + k]) for k in range(len(outs))
             )
-            return i + 1, tuple(reversed(nxt)), prev_new, new_outs, new_scratch, mask_vals
+            return i + 1, tuple(reversed(nxt)), prev_new, new_outs, state, mask_vals
 
         start = jnp.asarray(start, jnp.int32)
         index, rest = [], start
@@ -526,9 +582,9 @@ class _GridLoop:
             index.append(rest % size)
             rest = rest // size
         prev0 = tuple(tuple(jnp.int32(-1) for _ in shapes[k]) for k in range(n_in, len(shapes)))
-        carry0 = (start, tuple(reversed(index)), prev0, outs, scratch, masks)
+        carry0 = (start, tuple(reversed(index)), prev0, outs, state, masks)
         carry = lax.while_loop(lambda c: c[0] < stop, step, carry0)
-        return list(carry[3]), list(carry[5])
+        return list(carry[3]), list(carry[5]), carry[4]
 
 
 #: The cores' shares of a grid run on host threads only when no product in a step has more
@@ -552,7 +608,7 @@ def _pool() -> concurrent.futures.ThreadPoolExecutor:
 
 
 def _on_threads(
-    loop: _GridLoop, shares: list[tuple[int, int]], consts: Sequence[Any], args: Sequence[Any]
+    loop: GridLoop, shares: list[tuple[int, int]], consts: Sequence[Any], args: Sequence[Any]
 ) -> list[Any]:
     """The padded outputs of a grid split between cores, each core's share run at once on its
     own host thread as one compiled loop (XLA:CPU runs two loops of one program one after the
@@ -568,7 +624,10 @@ def _on_threads(
 
     def share(start: Any, stop: Any, *flat: Any) -> Any:
         consts, coords = flat[:n_consts], flat[n_consts : n_consts + n_coords]
-        return loop(start, stop, consts, *flat[n_consts + n_coords :], track=True, coords=coords)
+        outs, masks, _ = loop(
+            start, stop, consts, *flat[n_consts + n_coords :], track=True, coords=coords
+        )
+        return outs, masks
 
     def host(*flat: Any) -> Any:
         with lock:  # compiled once per lowering, on the caller's thread (inside simulate())

@@ -14,8 +14,10 @@ flight on it (its source and destination regions) and its count. The kernel is r
 same program, by the interpreter, from the same operands, and its result (or its error, at the
 offending line) is the call's, where the order of DMAs could show or a check has something to
 say: a load, store or DMA that touches a region a DMA in flight writes; a store or DMA write to a
-region one in flight reads; a second DMA on a semaphore with one in flight; a wait that no DMA on
-its semaphore matches (its destination, or the count); a DMA left unwaited or a count left over
+region one in flight reads; a DMA on a semaphore with DMAs in flight to another ref or from
+another (DMAs between the same two refs share one count: a paged-attention block's pages); a
+wait that no DMA on its semaphore matches (its destination, or the count); a DMA left unwaited or
+a count left over
 when its scope ends; an index outside its ref; a result holding unwritten memory (the tagged NaN
 of :mod:`coremesh.testing.sim.shadow`); a load of integer or bool memory nobody wrote (no NaN can
 carry their taint: a mask of written elements follows them, through DMAs too). So the compiled
@@ -41,7 +43,7 @@ import numpy as np
 from jax import lax
 
 from coremesh.testing.sim import shadow
-from coremesh.testing.sim.jaxprs import all_eqns, memory_space
+from coremesh.testing.sim.jaxprs import all_eqns, memory_space, sub_jaxprs
 
 #: Why a compiled kernel's result was not trusted (bits of the flag the program computes).
 FLAG_REASONS = {
@@ -253,34 +255,90 @@ def _dma_transforms_reason(transforms: Any) -> str | None:
 # ------------------------------------------------------------------ the evaluator's state
 
 
+Sems = frozenset[Any] | None  # semaphores (their variables); None: any
+Dma = tuple[Sems, Sems]  # those of the DMAs that write a ref, and of those that read it
+
+
 @dataclasses.dataclass(frozen=True)
 class _Ref:
-    """A ref of the kernel: its key in the state, and its shape."""
+    """A ref of the kernel: its key in the state, its shape, and the semaphores of the DMAs of
+    the kernel that may write it (``dst_sems``) or read it (``src_sems``; None: any): an access
+    is checked against the DMAs in flight on those only (:func:`dma_refs`)."""
 
     key: int
     shape: tuple[int, ...]
+    dst_sems: Sems = None
+    src_sems: Sems = None
+
+    @property
+    def dst(self) -> bool:
+        return self.dst_sems is None or bool(self.dst_sems)
+
+    @property
+    def src(self) -> bool:
+        return self.src_sems is None or bool(self.src_sems)
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class _Sem:
-    """A DMA semaphore array, flat: each element's count and the DMA in flight on it (at most
-    one): its destination and source ref keys and regions ``[lo, hi)``."""
+    """A DMA semaphore array, flat: each element's count and the DMAs in flight on it: one
+    destination and one source ref (keys), and the regions ``[lo, hi)`` that hold every
+    destination and every source of them (the pages of a paged-attention block, started one
+    by one and waited at once, or one by one). They stay in flight until the count is back at
+    zero: a wait says that bytes arrived, not which.
 
-    count: Any
-    active: Any
-    dst: Any
-    dst_lo: Any
-    dst_hi: Any
-    src: Any
-    src_lo: Any
-    src_hi: Any
+    One int32 row per element (count, active, destination, source, then the regions' bounds):
+    a DMA reads and writes one row, not eight arrays (each a kernel for XLA to compile)."""
+
+    table: Any
 
     @classmethod
     def fresh(cls, size: int, rank: int) -> _Sem:
-        z = jnp.zeros((size,), jnp.int32)
-        zr = jnp.zeros((size, rank), jnp.int32)
-        return cls(z, jnp.zeros((size,), bool), z - 1, zr, zr, z - 1, zr, zr)
+        table = np.zeros((size, 4 + 4 * rank), np.int32)
+        table[:, 2:4] = -1
+        return cls(jnp.asarray(table))
+
+    def _cols(self, k: int, width: int = 0) -> Any:
+        if not width:
+            return self.table[:, k]
+        return self.table[:, k : k + width]
+
+    @property
+    def rank(self) -> int:
+        return (int(self.table.shape[1]) - 4) // 4
+
+    @property
+    def count(self) -> Any:
+        return self._cols(0)
+
+    @property
+    def active(self) -> Any:
+        return self._cols(1) != 0
+
+    @property
+    def dst(self) -> Any:
+        return self._cols(2)
+
+    @property
+    def src(self) -> Any:
+        return self._cols(3)
+
+    @property
+    def dst_lo(self) -> Any:
+        return self._cols(4, self.rank)
+
+    @property
+    def dst_hi(self) -> Any:
+        return self._cols(4 + self.rank, self.rank)
+
+    @property
+    def src_lo(self) -> Any:
+        return self._cols(4 + 2 * self.rank, self.rank)
+
+    @property
+    def src_hi(self) -> Any:
+        return self._cols(4 + 3 * self.rank, self.rank)
 
 
 Region = tuple[Any, Any]  # (lo, hi), each int32[rank]
@@ -302,6 +360,14 @@ class _State:
         self.fill = fill
         self.taint = taint
         self._keys = itertools.count()
+        self.sem_keys: dict[Any, int] = {}  # a semaphore's variable -> its key
+
+    def sems_of(self, sems: Sems) -> list[_Sem]:
+        """The semaphores (alive) of ``sems`` (variables; None: all of them)."""
+        if sems is not None and all(v in self.sem_keys for v in sems):
+            keys = {self.sem_keys[v] for v in sems}
+            return [sem for key, sem in self.sems.items() if key in keys]
+        return list(self.sems.values())
 
     def carry(self) -> Carry:
         return dict(self.refs), dict(self.sems), dict(self.written), self.flag
@@ -311,12 +377,16 @@ class _State:
         self.refs, self.sems, self.written = dict(refs), dict(sems), dict(written)
 
     def raise_flag(self, bad: Any, bit: int) -> None:
-        self.flag = self.flag | jnp.where(bad, jnp.int32(bit), jnp.int32(0))
+        if bad is False:
+            return  # known at trace time to be fine
+        self.flag = self.flag | lax.select(jnp.asarray(bad, bool), jnp.int32(bit), jnp.int32(0))
 
-    def allocate(self, aval: Any) -> _Ref:
+    def allocate(self, aval: Any, dma: Dma = (None, None), var: Any = None) -> _Ref:
         shape, dtype = tuple(aval.shape), _dtype(aval)
-        ref = _Ref(next(self._keys), shape)
+        ref = _Ref(next(self._keys), shape, *dma)
         if _is_semaphore(dtype):
+            if var is not None:
+                self.sem_keys[var] = ref.key
             self.sems[ref.key] = _Sem.fresh(max(int(np.prod(shape)), 1), self.rank)
             return ref
         self.refs[ref.key] = self.fill(shape, dtype)
@@ -324,36 +394,55 @@ class _State:
             self.written[ref.key] = jnp.zeros(shape, bool)
         return ref
 
-    def bind(self, aval: Any, value: Any) -> _Ref:
-        ref = _Ref(next(self._keys), tuple(aval.shape))
+    def bind(self, aval: Any, value: Any, dma: Dma = (None, None)) -> _Ref:
+        ref = _Ref(next(self._keys), tuple(aval.shape), *dma)
         self.refs[ref.key] = value
         return ref
 
-    def release(self, refs: Sequence[_Ref]) -> None:
-        """The end of a scope: its semaphores must be idle, at zero."""
+    def check_idle(self, refs: Sequence[_Ref]) -> None:
+        """The end of a scope or of a core: its semaphores must be idle, at zero."""
         for ref in refs:
-            sem = self.sems.pop(ref.key, None)
+            sem = self.sems.get(ref.key)
             if sem is not None:
                 self.raise_flag(jnp.any(sem.active) | jnp.any(sem.count != 0), _LEFT)
+
+    def release(self, refs: Sequence[_Ref]) -> None:
+        """The end of a scope: its semaphores must be idle, at zero."""
+        self.check_idle(refs)
+        for ref in refs:
+            self.sems.pop(ref.key, None)
             self.refs.pop(ref.key, None)
             self.written.pop(ref.key, None)
 
+    def refill(self, ref: _Ref, aval: Any) -> None:
+        """``ref`` (allocated from ``aval``) fresh again, as at its allocation (a new core)."""
+        shape, dtype = tuple(aval.shape), _dtype(aval)
+        if ref.key in self.sems:
+            self.sems[ref.key] = _Sem.fresh(max(int(np.prod(shape)), 1), self.rank)
+            return
+        self.refs[ref.key] = self.fill(shape, dtype)
+        if ref.key in self.written:
+            self.written[ref.key] = jnp.zeros(shape, bool)
+
+    def in_flight(self, ref: _Ref) -> Any:
+        """Does a DMA in flight read or write ``ref``?"""
+        hit = jnp.bool_(False)
+        for sem in self.sems.values():
+            hit = hit | jnp.any(sem.active & ((sem.dst == ref.key) | (sem.src == ref.key)))
+        return hit
+
     def read_written(self, ref: _Ref, transforms: Any) -> Any:
         """Which elements of an access were written (None: the ref is not followed)."""
-        from jax._src.state import discharge
-
         if ref.key not in self.written:
             return None
-        return discharge.transform_array(self.written[ref.key], transforms)
+        return _read(self.written[ref.key], transforms)
 
     def mark_written(self, ref: _Ref, transforms: Any, written: Any) -> None:
         """Elements an access wrote, and whether each holds written data (``written``)."""
-        from jax._src.state import discharge
-
         if ref.key in self.written:
             old = self.written[ref.key]
-            new = jnp.broadcast_to(written, discharge.transform_array(old, transforms).shape)
-            _, self.written[ref.key] = discharge.transform_swap_array(old, transforms, new)
+            new = jnp.broadcast_to(written, _read(old, transforms).shape)
+            _, self.written[ref.key] = _swap(old, transforms, new)
         elif written is not True:  # unwritten data copied where nothing follows it
             self.raise_flag(~jnp.all(written), _UNWRITTEN)
 
@@ -370,46 +459,90 @@ def _scan_parts(params: dict[str, Any], ins: list[Any]) -> tuple[list[Any], list
 # ------------------------------------------------------------------ regions and bounds
 
 
-def _region(transforms: Any, shape: tuple[int, ...], rank: int) -> Region:
-    """The region of a ref an access touches, as ``[lo, hi)`` per dimension (of the first
-    indexer: later ones narrow inside it, so this holds what they touch)."""
+def _bounds(transforms: Any, shape: tuple[int, ...]) -> tuple[list[Any], list[Any]]:
+    """The region of a ref an access touches, as ``[lo, hi)`` per dimension, each bound an
+    int where it is known at trace time: indexers of slices and scalars composed
+    (``buf.at[b].at[i]``); from an indexer with an index vector on, the bounds hold what the
+    later ones touch (they narrow inside it)."""
     from jax._src import indexing as slices
     from jax._src.state import indexing
 
-    lo = [jnp.int32(0)] * len(shape)
-    hi = [jnp.int32(d) for d in shape]
-    first = next((t for t in transforms or () if isinstance(t, indexing.NDIndexer)), None)
-    if first is not None:
-        for d, index in enumerate(first.indices):
+    lo: list[Any] = [0] * len(shape)
+    hi: list[Any] = list(shape)
+    view: list[tuple[int, Any, int]] = [(d, 0, 1) for d in range(len(shape))]
+    for t in transforms or ():
+        if not isinstance(t, indexing.NDIndexer):
+            break
+        vector = any(not isinstance(i, slices.Slice) and np.ndim(i) > 0 for i in t.indices)
+        kept = []
+        for (d, offset, stride), index in zip(view, t.indices, strict=True):
             if isinstance(index, slices.Slice):
-                start = jnp.asarray(index.start, jnp.int32)
-                lo[d] = start
-                hi[d] = start + (int(index.size) - 1) * int(index.stride) + 1
+                start = offset + _scalar(index.start) * stride
+                step = stride * int(index.stride)
+                lo[d], hi[d] = start, start + (int(index.size) - 1) * step + 1
+                kept.append((d, start, step))
+            elif np.ndim(index) == 0:
+                lo[d] = offset + _scalar(index) * stride
+                hi[d] = lo[d] + 1
             else:
-                value = jnp.asarray(index, jnp.int32)
+                value = offset + jnp.asarray(index, jnp.int32) * stride
                 lo[d], hi[d] = jnp.min(value), jnp.max(value) + 1
+        if vector:
+            break
+        view = kept
+    return lo, hi
+
+
+def _scalar(index: Any) -> Any:
+    """An index as an int when it is known at trace time, else as an int32 value."""
+    if isinstance(index, int | np.integer):
+        return int(index)
+    return jnp.asarray(index, jnp.int32)
+
+
+def _region(transforms: Any, shape: tuple[int, ...], rank: int) -> Region:
+    """:func:`_bounds` as two int32[rank] vectors (padded with ``[0, 1)``), to be stored."""
+    lo, hi = _bounds(transforms, shape)
     pad = rank - len(shape)
+    if not rank:
+        return jnp.zeros((0,), jnp.int32), jnp.zeros((0,), jnp.int32)
     return (
-        jnp.stack(lo + [jnp.int32(0)] * pad) if rank else jnp.zeros((0,), jnp.int32),
-        jnp.stack(hi + [jnp.int32(1)] * pad) if rank else jnp.zeros((0,), jnp.int32),
+        jnp.stack([jnp.asarray(x, jnp.int32) for x in lo] + [jnp.int32(0)] * pad),
+        jnp.stack([jnp.asarray(x, jnp.int32) for x in hi] + [jnp.int32(1)] * pad),
     )
 
 
 def _out_of_bounds(transforms: Any) -> Any:
+    """Does an index of ``transforms`` fall outside its ref? Indices known at trace time are
+    checked there: only the others cost the program comparisons."""
+    from jax._src import indexing as slices
     from jax._src.state import indexing
 
-    from coremesh.testing.sim.compiled import _index_bounds
-
-    bad = jnp.bool_(False)
+    known = False
+    traced: list[Any] = []
     for t in transforms or ():
         if not isinstance(t, indexing.NDIndexer):
             continue
-        bounds = _index_bounds(t)
-        if bounds is None:
-            continue
-        for lo, hi, d in zip(*bounds, strict=True):
-            bad = bad | (lo < 0) | (hi >= d)
-    return bad
+        for index, dim in zip(t.indices, t.shape, strict=True):
+            if isinstance(index, slices.Slice):
+                if isinstance(index.size, int) and index.size == 0:
+                    continue
+                lo = _scalar(index.start)
+                hi = lo + (index.size - 1) * int(index.stride)
+            elif np.ndim(index) == 0:
+                lo = hi = _scalar(index)
+            else:
+                value = jnp.asarray(index, jnp.int32)
+                if value.size == 0:
+                    continue
+                lo, hi = jnp.min(value), jnp.max(value)
+            if isinstance(lo, int) and isinstance(hi, int):
+                known = known or lo < 0 or hi >= int(dim)
+            else:
+                traced.append((lo < 0) | (hi >= int(dim)))
+    if known:
+        return True
+    return functools.reduce(jnp.logical_or, traced) if traced else False
 
 
 def _indexed(transforms: Any) -> bool:
@@ -431,10 +564,168 @@ def _same_bits(a: Any, b: Any) -> Any:
     return a == b
 
 
-def _overlaps(key: int, region: Region, ref_keys: Any, lo: Any, hi: Any, active: Any) -> Any:
-    rlo, rhi = region
-    inside = jnp.all((lo < rhi[None, :]) & (rlo[None, :] < hi), axis=1)
-    return jnp.any(active & (ref_keys == key) & inside)
+def _overlaps(
+    ref: _Ref, bounds: tuple[list[Any], list[Any]], keys: Any, lo: Any, hi: Any, active: Any
+) -> Any:
+    """Does an access of ``ref`` in ``bounds`` overlap one of the regions in flight? Only
+    dimensions the access does not cover whole are compared (a region in flight on the ref
+    is inside it), and no reduction is made over a few semaphores: each costs XLA a kernel
+    of its own to compile, and a paged-attention step makes a hundred such checks."""
+    hit = active & (keys == ref.key)
+    for d, (a, b) in enumerate(zip(*bounds, strict=True)):
+        if isinstance(a, int) and isinstance(b, int) and a <= 0 and b >= ref.shape[d]:
+            continue
+        hit = hit & (lo[:, d] < b) & (a < hi[:, d])
+    if hit.shape[0] > 8:
+        return jnp.any(hit)
+    rows = [lax.index_in_dim(hit, j, keepdims=False) for j in range(hit.shape[0])]
+    return functools.reduce(jnp.logical_or, rows)
+
+
+def _at(values: Any, s: Any) -> Any:
+    """``values[s]`` for a traced index in range (no wrap of negative indices)."""
+    return lax.dynamic_index_in_dim(values, s, keepdims=False)
+
+
+def _set(values: Any, s: Any, value: Any) -> Any:
+    """``values`` with row ``s`` set to ``value``: a select, which fuses (a scatter does not)."""
+    rows = lax.broadcasted_iota(jnp.int32, values.shape, 0) == s
+    new = lax.broadcast_in_dim(
+        jnp.asarray(value, values.dtype), values.shape, tuple(range(1, values.ndim))
+    )
+    return lax.select(rows, new, values)
+
+
+def _box(transforms: Any, shape: tuple[int, ...]) -> tuple[list[Any], list[int], list[int]] | None:
+    """(start, size per dimension of the ref, the dimensions the view keeps) of ``transforms``
+    when they are indexers of unit-stride slices and scalars (one dynamic slice); else None."""
+    from jax._src import indexing as slices
+    from jax._src.state import indexing
+
+    starts: list[Any] = [0] * len(shape)
+    sizes = list(shape)
+    view = list(range(len(shape)))
+    for t in transforms or ():
+        if not isinstance(t, indexing.NDIndexer):
+            return None
+        kept = []
+        for d, index in zip(view, t.indices, strict=True):
+            if isinstance(index, slices.Slice):
+                if int(index.stride) != 1 or not isinstance(index.size, int):
+                    return None
+                starts[d] = starts[d] + index.start
+                sizes[d] = index.size
+                kept.append(d)
+            elif np.ndim(index) == 0:
+                starts[d] = starts[d] + index
+                sizes[d] = 1
+            else:
+                return None
+        view = kept
+    return starts, sizes, view
+
+
+def _read(value: Any, transforms: Any) -> Any:
+    """The view ``transforms`` make of ``value``: one dynamic slice where they allow it."""
+    from jax._src.state import discharge
+
+    box = _box(transforms, tuple(value.shape))
+    if box is None:
+        return discharge.transform_array(value, transforms)
+    starts, sizes, view = box
+    out = lax.dynamic_slice(value, [jnp.asarray(s, jnp.int32) for s in starts], sizes)
+    return out.reshape([sizes[d] for d in view])
+
+
+def _swap(value: Any, transforms: Any, new: Any) -> tuple[Any, Any]:
+    """(the old view, ``value`` with the view replaced by ``new``)."""
+    from jax._src.state import discharge
+
+    box = _box(transforms, tuple(value.shape))
+    if box is None:
+        old, updated = discharge.transform_swap_array(value, transforms, new)
+        return old, updated
+    starts, sizes, view = box
+    at = [jnp.asarray(s, jnp.int32) for s in starts]
+    old = lax.dynamic_slice(value, at, sizes)
+    block = jnp.broadcast_to(jnp.asarray(new, value.dtype), [sizes[d] for d in view])
+    return old.reshape(block.shape), lax.dynamic_update_slice(value, block.reshape(sizes), at)
+
+
+#: For the refs some DMA of a kernel writes, and those one reads (their variables: the
+#: kernel's arguments and its scoped allocations), the semaphores of those DMAs (variables);
+#: None: not known, so every ref may be, on any semaphore.
+DmaRefs = tuple[dict[Any, frozenset[Any]], dict[Any, frozenset[Any]]] | None
+
+
+def dma_of(touched: DmaRefs, var: Any) -> Dma:
+    """(the semaphores of the DMAs that may write, and read, the ref of ``var``)."""
+    if touched is None:
+        return None, None
+    return touched[0].get(var, frozenset()), touched[1].get(var, frozenset())
+
+
+def dma_union(a: Dma, b: Dma) -> Dma:
+    """The semaphores of either (a ref that is two of the kernel's arguments)."""
+
+    def join(x: Sems, y: Sems) -> Sems:
+        return None if x is None or y is None else x | y
+
+    return join(a[0], b[0]), join(a[1], b[1])
+
+
+def dma_refs(jaxpr: Any) -> DmaRefs:
+    """The refs (variables of ``jaxpr``'s arguments and scoped allocations) some DMA of the
+    kernel writes and reads, followed through the containers that pass refs on."""
+    from jax._src import core as jax_core
+
+    dst: dict[Any, set[Any]] = {}
+    src: dict[Any, set[Any]] = {}
+
+    def walk(inner: Any, alias: dict[Any, Any]) -> bool:
+        def root(v: Any) -> Any:
+            return alias.get(v, v) if isinstance(v, jax_core.Var) else None
+
+        for eqn in inner.eqns:
+            name, p, ins = eqn.primitive.name, eqn.params, list(eqn.invars)
+            if name in ("dma_start", "dma_wait"):
+                parts = p["tree"].unflatten(ins)
+                if name == "dma_start":
+                    sem = root(getattr(parts[2], "ref", parts[2]))
+                    src.setdefault(root(getattr(parts[0], "ref", parts[0])), set()).add(sem)
+                    dst.setdefault(root(getattr(parts[1], "ref", parts[1])), set()).add(sem)
+                continue
+            ins = [root(v) for v in ins]
+            if not any(_is_ref(v) for v in ins):
+                continue
+            if name == "cond":
+                subs = [(b.jaxpr, b.jaxpr.invars, ins[1:]) for b in p["branches"]]
+            elif name == "while":
+                cn, bn = p["cond_nconsts"], p["body_nconsts"]
+                body = p["body_jaxpr"].jaxpr
+                subs = [(body, body.invars, ins[cn : cn + bn] + ins[cn + bn :])]
+            elif name == "scan" or name in ("pjit", "jit"):
+                subs = [(p["jaxpr"].jaxpr, p["jaxpr"].jaxpr.invars, ins)]
+            elif name == "closed_call":
+                subs = [(p["call_jaxpr"].jaxpr, p["call_jaxpr"].jaxpr.invars, ins)]
+            elif name == "run_scoped":
+                subs = [(p["jaxpr"], p["jaxpr"].constvars, ins)]
+            elif sub_jaxprs(eqn):  # a container not followed here: any ref may be touched
+                return False
+            else:  # a load, store or other use of a ref, not a DMA
+                continue
+            for sub, params, outer in subs:
+                inner_alias = {v: o for v, o in zip(params, outer, strict=True) if o is not None}
+                if not walk(sub, inner_alias):
+                    return False
+        return True
+
+    if not walk(getattr(jaxpr, "jaxpr", jaxpr), {}):
+        return None
+    return (
+        {v: frozenset(sems) for v, sems in dst.items()},
+        {v: frozenset(sems) for v, sems in src.items()},
+    )
 
 
 # ------------------------------------------------------------------ the evaluator
@@ -444,10 +735,21 @@ class _Evaluator:
     """Evaluates a kernel's jaxpr with its refs held in a :class:`_State` (at trace time, so
     loops become XLA loops that carry the state)."""
 
-    def __init__(self, state: _State, coords: dict[str, Any], sizes: dict[str, int]) -> None:
+    def __init__(
+        self,
+        state: _State,
+        coords: dict[str, Any],
+        sizes: dict[str, int],
+        touched: DmaRefs = None,
+    ) -> None:
         self.state = state
         self.coords = coords  # core axis name -> this core's coordinate on it
         self.sizes = sizes
+        self.touched = touched
+
+    def dma(self, var: Any) -> Dma:
+        """The semaphores of the DMAs that may write, and read, the ref of ``var``."""
+        return dma_of(self.touched, var)
 
     def eval(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
         from jax._src import core as jax_core
@@ -481,23 +783,28 @@ class _Evaluator:
 
     def _access(self, ref: _Ref, transforms: Any, *, write: bool) -> None:
         st = self.state
-        region = _region(transforms, ref.shape, st.rank)
         st.raise_flag(_out_of_bounds(transforms), _BOUNDS)
-        for sem in st.sems.values():
-            hit = _overlaps(ref.key, region, sem.dst, sem.dst_lo, sem.dst_hi, sem.active)
-            if write:
-                hit = hit | _overlaps(ref.key, region, sem.src, sem.src_lo, sem.src_hi, sem.active)
-            st.raise_flag(hit, _HAZARD)
+        if not (ref.dst or (write and ref.src)):  # no DMA of the kernel touches it
+            return
+        bounds = _bounds(transforms, ref.shape)
+        hits = []
+        if ref.dst:
+            for sem in st.sems_of(ref.dst_sems):
+                hits.append(_overlaps(ref, bounds, sem.dst, sem.dst_lo, sem.dst_hi, sem.active))
+        if write and ref.src:
+            for sem in st.sems_of(ref.src_sems):
+                hits.append(_overlaps(ref, bounds, sem.src, sem.src_lo, sem.src_hi, sem.active))
+        if hits:
+            st.raise_flag(functools.reduce(jnp.logical_or, hits), _HAZARD)
 
     def _get(self, eqn: Any, ins: list[Any]) -> list[Any]:
         from jax._src import tree_util
-        from jax._src.state import discharge
 
         ref, *idx = ins
         transforms = tree_util.tree_unflatten(eqn.params["tree"], idx)
         self._access(ref, transforms, write=False)
         self._check_written(ref, transforms)
-        return [discharge.transform_array(self.state.refs[ref.key], transforms)]
+        return [_read(self.state.refs[ref.key], transforms)]
 
     def _check_written(self, ref: _Ref, transforms: Any) -> None:
         written = self.state.read_written(ref, transforms)
@@ -506,27 +813,25 @@ class _Evaluator:
 
     def _swap(self, eqn: Any, ins: list[Any]) -> list[Any]:
         from jax._src import tree_util
-        from jax._src.state import discharge
 
         ref, val, *idx = ins
         transforms = tree_util.tree_unflatten(eqn.params["tree"], idx)
         self._access(ref, transforms, write=True)
-        old, new = discharge.transform_swap_array(self.state.refs[ref.key], transforms, val)
+        old, new = _swap(self.state.refs[ref.key], transforms, val)
         self.state.refs[ref.key] = new
         self.state.mark_written(ref, transforms, True)
         return [old]
 
     def _addupdate(self, eqn: Any, ins: list[Any]) -> list[Any]:
         from jax._src import tree_util
-        from jax._src.state import discharge
 
         ref, val, *idx = ins
         transforms = tree_util.tree_unflatten(eqn.params["tree"], idx)
         self._access(ref, transforms, write=True)
         self._check_written(ref, transforms)
         value = self.state.refs[ref.key]
-        old = discharge.transform_array(value, transforms)
-        _, new = discharge.transform_swap_array(value, transforms, old + val)
+        old = _read(value, transforms)
+        _, new = _swap(value, transforms, old + val)
         self.state.refs[ref.key] = new
         return []
 
@@ -554,23 +859,26 @@ class _Evaluator:
                 inner = tuple(self._read_indices(t) for t in getattr(index, "transforms", ()))
                 self._access(ref, inner, write=False)
                 self._check_written(ref, inner)
-                from jax._src.state import discharge
 
-                indices[d] = discharge.transform_array(self.state.refs[ref.key], inner)
+                indices[d] = _read(self.state.refs[ref.key], inner)
         if all(a is b for a, b in zip(indices, transform.indices, strict=True)):
             return transform
         return dataclasses.replace(transform, indices=tuple(indices))
 
     def _sem_index(self, sem_ref: _Ref, transforms: Any) -> Any:
-        from jax._src.state import discharge
 
         n = max(int(np.prod(sem_ref.shape)), 1)
-        ids = jnp.arange(n, dtype=jnp.int32).reshape(sem_ref.shape)
         self.state.raise_flag(_out_of_bounds(transforms), _BOUNDS)
-        return jnp.reshape(discharge.transform_array(ids, transforms), (-1,))[0]
+        box = _box(transforms, sem_ref.shape)
+        if box is not None:  # the flat index of the element, as arithmetic
+            flat: Any = jnp.int32(0)
+            for start, dim in zip(box[0], sem_ref.shape, strict=True):
+                flat = flat * dim + jnp.asarray(start, jnp.int32)
+            return flat
+        ids = jnp.arange(n, dtype=jnp.int32).reshape(sem_ref.shape)
+        return jnp.reshape(_read(ids, transforms), (-1,))[0]
 
     def _dma_start(self, eqn: Any, ins: list[Any]) -> list[Any]:
-        from jax._src.state import discharge
 
         st = self.state
         src, src_t, dst, dst_t, sem_ref, sem_t = self._dma_parts(eqn, ins)
@@ -578,50 +886,58 @@ class _Evaluator:
         self._access(src, src_t, write=False)
         self._access(dst, dst_t, write=True)
         sem = st.sems[sem_ref.key]
-        st.raise_flag(sem.active[s], _HAZARD)
-        data = discharge.transform_array(st.refs[src.key], src_t)
-        _, st.refs[dst.key] = discharge.transform_swap_array(st.refs[dst.key], dst_t, data)
+        row, r = _at(sem.table, s), st.rank
+        # More DMAs on a semaphore with some in flight: one destination and one source ref
+        # (their bytes are then one count, and their regions one box).
+        active = row[1] != 0
+        st.raise_flag(active & ((row[2] != dst.key) | (row[3] != src.key)), _HAZARD)
+        data = _read(st.refs[src.key], src_t)
+        _, st.refs[dst.key] = _swap(st.refs[dst.key], dst_t, data)
         if _indexed(dst_t):  # a scatter: repeated indices must carry the same data
-            back = discharge.transform_array(st.refs[dst.key], dst_t)
+            back = _read(st.refs[dst.key], dst_t)
             st.raise_flag(~jnp.all(_same_bits(back, data)), _REPEATED)
         # A DMA copies what it reads, written or not (the interpreter's shadow does the same).
         written = st.read_written(src, src_t)
         st.mark_written(dst, dst_t, True if written is None else written)
         dlo, dhi = _region(dst_t, dst.shape, st.rank)
         slo, shi = _region(src_t, src.shape, st.rank)
-        st.sems[sem_ref.key] = _Sem(
-            count=sem.count.at[s].add(int(np.prod(data.shape))),
-            active=sem.active.at[s].set(True),
-            dst=sem.dst.at[s].set(dst.key),
-            dst_lo=sem.dst_lo.at[s].set(dlo),
-            dst_hi=sem.dst_hi.at[s].set(dhi),
-            src=sem.src.at[s].set(src.key),
-            src_lo=sem.src_lo.at[s].set(slo),
-            src_hi=sem.src_hi.at[s].set(shi),
-        )
+        # The boxes grow to hold this DMA's regions too.
+        lows = jnp.concatenate([dlo, slo])
+        highs = jnp.concatenate([dhi, shi])
+        old_lo = jnp.concatenate([row[4 : 4 + r], row[4 + 2 * r : 4 + 3 * r]])
+        old_hi = jnp.concatenate([row[4 + r : 4 + 2 * r], row[4 + 3 * r :]])
+        lows = lax.select(jnp.broadcast_to(active, lows.shape), jnp.minimum(old_lo, lows), lows)
+        highs = lax.select(jnp.broadcast_to(active, highs.shape), jnp.maximum(old_hi, highs), highs)
+        count = row[0] + int(np.prod(data.shape))
+        head = jnp.stack([count, jnp.int32(1), jnp.int32(dst.key), jnp.int32(src.key)])
+        new = jnp.concatenate([head, lows[:r], highs[:r], lows[r:], highs[r:]])
+        st.sems[sem_ref.key] = _Sem(_set(sem.table, s, new))
         return []
 
     def _dma_wait(self, eqn: Any, ins: list[Any]) -> list[Any]:
-        from jax._src.state import discharge
 
         st = self.state
         _, _, dst, dst_t, sem_ref, sem_t = self._dma_parts(eqn, ins)
         s = self._sem_index(sem_ref, sem_t)
         st.raise_flag(_out_of_bounds(dst_t), _BOUNDS)
-        size = int(np.prod(discharge.transform_array(st.refs[dst.key], dst_t).shape))
+        size = int(np.prod(_read(st.refs[dst.key], dst_t).shape))
         sem = st.sems[sem_ref.key]
         dlo, dhi = _region(dst_t, dst.shape, st.rank)
+        # The wait names the destination of the DMAs in flight (a region inside theirs), and
+        # no more bytes than they bring; they all stay in flight until the count is spent.
+        row, r = _at(sem.table, s), st.rank
+        count = row[0]
         matches = (
-            sem.active[s]
-            & (sem.dst[s] == dst.key)
-            & jnp.all(sem.dst_lo[s] == dlo)
-            & jnp.all(sem.dst_hi[s] == dhi)
-            & (sem.count[s] >= size)
+            (row[1] != 0)
+            & (row[2] == dst.key)
+            & jnp.all(row[4 : 4 + r] <= dlo)
+            & jnp.all(dhi <= row[4 + r : 4 + 2 * r])
+            & (count >= size)
         )
         st.raise_flag(~matches, _WAIT)
-        st.sems[sem_ref.key] = dataclasses.replace(
-            sem, count=sem.count.at[s].add(-size), active=sem.active.at[s].set(False)
-        )
+        left = count - size
+        head = jnp.stack([left, (left > 0).astype(jnp.int32)])
+        st.sems[sem_ref.key] = _Sem(_set(sem.table, s, jnp.concatenate([head, row[2:]])))
         return []
 
     # -- the core's index, scopes, control flow
@@ -640,7 +956,7 @@ class _Evaluator:
 
     def _run_scoped(self, eqn: Any, ins: list[Any]) -> list[Any]:
         inner = eqn.params["jaxpr"]
-        scoped = [self.state.allocate(v.aval) for v in inner.invars]
+        scoped = [self.state.allocate(v.aval, self.dma(v), v) for v in inner.invars]
         outs = self.eval(inner, ins, scoped)
         self.state.release(scoped)
         return outs
@@ -758,34 +1074,26 @@ def run(
     """The outputs of the mesh kernel of ``kw`` on ``args``, compiled; the interpreter's
     (``interpreted(*args)``, in the same program) when the compiled run cannot vouch for them;
     ``note(flag)`` records which path the call took."""
-    from jax._src import core as jax_core
-    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
-
-    # Operands typed with a memory space (HBM outputs of other kernels) are plain arrays here.
-    args = tuple(ipc.remove_memory_space_p.bind(a) for a in args)
+    args = plain(args)
     jaxpr, gm = kw["jaxpr"], kw["grid_mapping"]
     n_out = gm.num_outputs
     n_in = len(gm.block_mappings) - n_out
     invars = jaxpr.invars
-    rank = max([len(v.aval.shape) for v in invars if _is_ref(v)] + [1])
-    rank = max(
-        [rank]
-        + [
-            len(v.aval.shape)
-            for e in all_eqns(jaxpr)
-            if e.primitive.name == "run_scoped"
-            for v in e.params["jaxpr"].invars
-        ]
-    )
-    st = _State(rank, fill, taint)
+    st = _State(ref_rank(jaxpr), fill, taint)
+    touched = dma_refs(jaxpr)
     aliases = {o: i for i, o in kw.get("input_output_aliases") or ()}
-    inputs = [st.bind(v.aval, x) for v, x in zip(invars[:n_in], args, strict=True)]
+    inputs = []
+    for i, (v, x) in enumerate(zip(invars[:n_in], args, strict=True)):
+        dma = dma_of(touched, v)
+        for o in (o for o, to in aliases.items() if to == i):  # the output it also is
+            dma = dma_union(dma, dma_of(touched, invars[n_in + o]))
+        inputs.append(st.bind(v.aval, x, dma))
     outputs = []
     for k, v in enumerate(invars[n_in : n_in + n_out]):
         if k in aliases:
             outputs.append(inputs[aliases[k]])
         else:
-            outputs.append(st.allocate(v.aval))
+            outputs.append(st.allocate(v.aval, dma_of(touched, v)))
     sizes = dict(core_axes(kw))
     cores = int(np.prod(list(sizes.values())))
 
@@ -795,14 +1103,50 @@ def run(
         for name, size in reversed(sizes.items()):  # row-major, as the interpreter's grid
             coords[name], rest = rest % size, rest // size
         coords = {name: coords[name] for name in sizes}
-        scratch = [st.allocate(v.aval) for v in invars[n_in + n_out :]]
-        _Evaluator(st, coords, sizes).eval(jaxpr, (), [*inputs, *outputs, *scratch])
+        scratch = [st.allocate(v.aval, dma_of(touched, v), v) for v in invars[n_in + n_out :]]
+        _Evaluator(st, coords, sizes, touched).eval(jaxpr, (), [*inputs, *outputs, *scratch])
         st.release(scratch)
         return st.carry()
 
     st.load(lax.fori_loop(0, cores, one_core, st.carry()))
     results = [st.refs[o.key] for o in outputs]
-    if taint:
+    return vouched(st, results, args, interpreted, note)
+
+
+def plain(args: Sequence[Any]) -> tuple[Any, ...]:
+    """Operands typed with a memory space (HBM outputs of other kernels) as plain arrays."""
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    return tuple(ipc.remove_memory_space_p.bind(a) for a in args)
+
+
+def ref_rank(jaxpr: Any) -> int:
+    """The largest rank of the kernel's refs, its scoped ones too (the regions' width)."""
+    return max(
+        [len(v.aval.shape) for v in jaxpr.invars if _is_ref(v)]
+        + [
+            len(v.aval.shape)
+            for e in all_eqns(jaxpr)
+            if e.primitive.name == "run_scoped"
+            for v in e.params["jaxpr"].invars
+        ]
+        + [1]
+    )
+
+
+def vouched(
+    st: _State,
+    results: list[Any],
+    args: Sequence[Any],
+    interpreted: Callable[..., list[Any]],
+    note: Callable[[Any], None],
+) -> list[Any]:
+    """``results``, if the flag of ``st`` (with a result holding unwritten memory) stays
+    down on every device; else the interpreter's (``interpreted(*args)``), in the same
+    program, whose call ``note(flag)`` records."""
+    from jax._src import core as jax_core
+
+    if st.taint:
         for value in results:
             layout = shadow.taint_layout(np.dtype(value.dtype))
             if layout is not None:

@@ -5,7 +5,8 @@ A ``pallas_call`` runs compiled when nothing in it needs the interpreter's exact
 semaphore, barrier, remote or device-id operation, core mesh, SparseCore primitive or callback;
 only blocks the pipeline copies into VMEM/SMEM, VMEM/SMEM scratch, pure compute and plain ref
 loads, stores and add-updates. A kernel over a core mesh (TensorCore, or SparseCore as a
-named grid) runs compiled when its cores keep to local DMAs they wait for (:mod:`compiled_mesh`).
+named grid) runs compiled when its cores keep to local DMAs they wait for (:mod:`compiled_mesh`),
+and so does a grid kernel with operands in HBM it reaches by such DMAs (:mod:`compiled_grid_dma`).
 Everything else, and every kernel while the simulator runs a check only the interpreter does
 (the race detector, a DMA schedule, a random grid order, a call's own ``InterpretParams``), takes
 the interpreter, and the reason is recorded. So does a
@@ -24,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from coremesh.testing.sim import compiled, compiled_mesh, shadow
+from coremesh.testing.sim import compiled, compiled_grid_dma, compiled_mesh, shadow
 from coremesh.testing.sim.jaxprs import accesses, all_eqns, memory_space
 
 COMPILED = "compiled"
@@ -60,6 +61,14 @@ AUTO_MIN_ACCESSES = 1024
 #: (compiled: 1.5 s cold, 2 ms warm; interpreted: 1.5 s cold, 0.4 s warm); coremesh's column
 #: reduce of 16 MiB makes 109 of 59 (compiled: 7 s cold; interpreted: 1.5 s).
 AUTO_ACCESSES_PER_WRITTEN = 16
+#: ...counting each DMA a grid kernel starts (:mod:`compiled_grid_dma`) as this many accesses as
+#: written: its copy and the bookkeeping that vouches for it cost XLA about a fifth of a
+#: second each to trace and compile. Measured on 2 CPUs, jax 0.12.0.1, JAX's paged attention
+#: (8 KV heads, 32 query heads, head dim 128, 6 sequences of up to 2,048 tokens, pages of 16):
+#: 2 pages a block (8 DMA starts as written): 2 s to trace, 2 s to compile, 0.1 s to run,
+#: against 8 s interpreted; 8 pages (32 starts): 3 s and 4 s; 32 pages (128 starts, as JAX's
+#: own test): 6 s and 22 s, then 0.1 s to run, against 4-5 s interpreted.
+AUTO_WRITTEN_PER_DMA = 100
 
 
 @functools.cache
@@ -127,6 +136,8 @@ def _cannot(kw: dict[str, Any], checked: bool, zero_fill: bool) -> str | None:
         return "input_output_aliases (an output that is an input)"
     if getattr(jaxpr, "constvars", ()):
         return "a kernel that closes over constants"
+    if compiled_grid_dma.applies(kw):
+        return compiled_grid_dma.why_interpreted(kw, checked, zero_fill)
     reason = _blocks(gm, checked)
     if reason:
         return reason
@@ -167,12 +178,19 @@ def _small(kw: dict[str, Any]) -> str | None:
     if kw.get("mesh") is None:  # the pipeline copies each block in or out at every grid step
         written += len(gm.block_mappings)
         run += len(gm.block_mappings)
+    dmas = ""
+    if compiled_grid_dma.applies(kw):
+        starts = sum(1 for e in all_eqns(kw["jaxpr"]) if e.primitive.name == "dma_start")
+        written += (AUTO_WRITTEN_PER_DMA - 1) * starts
+        if starts:
+            dmas = f", each of its {starts} DMA starts counted as {AUTO_WRITTEN_PER_DMA}"
     run *= steps  # grid points, or the mesh's cores
     if run >= max(AUTO_MIN_ACCESSES, AUTO_ACCESSES_PER_WRITTEN * written):
         return None
     return (
-        f"a small kernel ({run} memory accesses as run, {written} as written): interpreting "
-        "it costs less than compiling it (simulate(fast_path=True) compiles it anyway)"
+        f"a small kernel ({run} memory accesses as run, {written} as written{dmas}): "
+        "interpreting it costs less than compiling it (simulate(fast_path=True) compiles it "
+        "anyway)"
     )
 
 
@@ -185,13 +203,17 @@ def _is_semaphore(dtype: Any) -> bool:
         return False
 
 
-def _blocks(gm: Any, checked: bool) -> str | None:
+def _blocks(gm: Any, checked: bool, *, hbm: bool = False) -> str | None:
+    """Why the kernel's blocks need the interpreter (None: they do not); ``hbm``: operands in
+    HBM are whole refs the kernel reaches by DMA (:mod:`compiled_grid_dma`)."""
     from jax._src.pallas import core as pallas_core
 
     n_in = len(gm.block_mappings) - gm.num_outputs
     for k, bm in enumerate(gm.block_mappings):
         what = f"operand {k}" if k < n_in else f"output {k - n_in}"
         space = memory_space(bm.block_aval)
+        if hbm and space in ("any", "hbm"):
+            continue
         if space not in _MEMORY_SPACES:
             return f"{what} in {space} memory (reached by DMA)"
         for bd in bm.block_shape:
@@ -300,16 +322,24 @@ def targets() -> list[tuple[Any, str, Any]]:
         if reason is not None:
             return orig_call(*args, interpret_params=interpret_params, **kw)
         taint = "uninitialized_reads" not in interpret_params.patches_off
+        vouched: dict[str, Any] = {
+            "fill": functools.partial(
+                compiled.fill, taint=taint, mode=interpret_params.uninitialized_memory
+            ),
+            "taint": taint,
+            "interpreted": functools.partial(orig_call, interpret_params=interpret_params, **kw),
+            "note": functools.partial(_note_fallback, label),
+        }
         if kw.get("mesh") is not None or getattr(kw["grid_mapping"], "grid_names", None):
-            return compiled_mesh.run(
+            return compiled_mesh.run(*args, kw=kw, **vouched)
+        if compiled_grid_dma.applies(kw):
+            return compiled_grid_dma.run(
                 *args,
                 kw=kw,
-                fill=functools.partial(
-                    compiled.fill, taint=taint, mode=interpret_params.uninitialized_memory
-                ),
-                taint=taint,
-                interpreted=functools.partial(orig_call, interpret_params=interpret_params, **kw),
-                note=functools.partial(_note_fallback, label),
+                cores=int(interpret_params.num_cores_or_threads),
+                seed=interpret_params.random_seed,
+                name=label,
+                **vouched,
             )
         return compiled.run(
             *args,
