@@ -248,20 +248,6 @@ def check_tensorcore_dma_add(jaxpr: Any, label: str, chip: str) -> None:
             )
 
 
-#: The ``plsc`` call behind each SparseCore primitive (``sc_primitives.py``), for the error;
-#: ``swap`` and ``scatter`` are told apart by their ``add`` and ``has_mask`` parameters.
-_SPARSECORE_CALLS = {
-    "gather": "plsc.load_gather",
-    "load": "plsc.load_expanded",
-    "barrier": "plsc.subcore_barrier",
-    "bitcast": "plsc.bitcast",
-    "masked_cummax": "plsc.cummax",
-    "masked_cummin": "plsc.cummin",
-    "masked_cumsum": "plsc.cumsum",
-    "masked_sort": "plsc.sort_key_val",
-    "unique": "plsc.scan_count",  # its name on jax 0.10
-    "sc_fetch_and_add": "plsc.fetch_and_add",
-}
 #: What a TensorCore kernel writes instead, where it has its own form of the operation.
 _TENSORCORE_FORMS = {
     "parallel_loop": "a TensorCore loop is jax.lax.fori_loop (or pl.loop)",
@@ -296,7 +282,9 @@ def _sparsecore_call(eqn: Any) -> str:
         return "plsc.addupdate_compressed" if params.get("has_mask") else "plsc.addupdate"
     if name == "scatter":
         return "plsc.addupdate_scatter" if params.get("add") else "plsc.store_scatter"
-    return _SPARSECORE_CALLS.get(name, f"plsc.{name}")
+    from coremesh.testing.sim.sparsecore import API_NAMES
+
+    return API_NAMES.get(name, f"plsc.{name}")
 
 
 def check_tensorcore_sparsecore_ops(jaxpr: Any, label: str, chip: str) -> None:

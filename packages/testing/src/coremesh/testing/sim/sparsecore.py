@@ -105,8 +105,12 @@ from coremesh.testing.sim.jaxprs import sub_jaxprs
 
 _Rule = inline.Rule
 
-#: User-facing spelling of each refused primitive, for the error message.
-_API_NAMES = {
+#: The ``plsc`` call behind each SparseCore primitive whose name is not the call's, for error
+#: messages (``swap`` and ``scatter`` need their parameters too: ``refusals._sparsecore_call``).
+API_NAMES = {
+    "gather": "plsc.load_gather",
+    "load": "plsc.load_expanded",
+    "unique": "plsc.scan_count",  # its name on jax 0.10
     "barrier": "plsc.subcore_barrier",
     "bitcast": "plsc.bitcast",
     "masked_cummax": "plsc.cummax",
@@ -521,7 +525,7 @@ def refusal(primitive: Any) -> NotSimulatedError | None:
     name = _REFUSED.get(primitive)
     if name is None:
         return None
-    api = _API_NAMES.get(name, f"the SparseCore primitive {name!r}")
+    api = API_NAMES.get(name, f"the SparseCore primitive {name!r}")
     why = {
         "barrier": _WHY_BARRIER,
         "bitcast": _WHY_BITCAST,
