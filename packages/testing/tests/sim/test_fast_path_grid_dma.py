@@ -34,7 +34,8 @@ THEN_INTERPRETED = "compiled, then interpreted: "
 
 def expected() -> np.ndarray:
     pages = POOL[TABLE].reshape(CORES * STEPS, PER_BLOCK, ROWS, LANES).sum(axis=1)
-    return X + pages.reshape(-1, LANES)
+    out: np.ndarray = X + pages.reshape(-1, LANES)
+    return out
 
 
 def fetch(table: Any, pool: Any, buf: Any, sems: Any, block: Any, slot: Any) -> list[Any]:
