@@ -84,13 +84,13 @@ def why_interpreted(kw: dict[str, Any], checked: bool, zero_fill: bool) -> str |
         return "a store to an input block (the pipeline may not fetch it again)"
     if any(k in written for k in range(n_scalars)) and _maps_read_scalars(gm):
         return "a store to a scalar prefetch operand an index map reads"
-    if checked and zero_fill and any(not compiled_mesh._is_semaphore(_dtype(a)) for a in fresh):
+    if (
+        checked
+        and zero_fill
+        and any(not compiled_mesh._is_semaphore(compiled_mesh._dtype(a)) for a in fresh)
+    ):
         return "uninitialized_memory='zero' with the uninitialized-read check on"
     return None
-
-
-def _dtype(aval: Any) -> Any:
-    return compiled_mesh._dtype(aval)
 
 
 def _written(jaxpr: Any) -> set[int]:
