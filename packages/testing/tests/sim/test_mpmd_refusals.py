@@ -18,7 +18,9 @@ from jax.experimental.pallas import tpu_sc as plsc
 
 from coremesh.core import jax_compat, jax_versions
 from coremesh.core.chips import get_chip
+from coremesh.core.errors import UnsupportedOnChipError
 from coremesh.testing.sim import NotSimulatedError, simulate
+from coremesh.testing.sim.errors import KernelCapacityError
 
 pytestmark = pytest.mark.sim
 
@@ -131,12 +133,81 @@ def test_a_cumsum_in_place_in_the_vector_subcore_body_is_not_refused(chip: str) 
 
 
 @needs_libtpu
-def test_libtpu_refuses_the_cumsum_with_layout_passes() -> None:
+@pytest.mark.parametrize("chip", ["v5p", "TPU7x"])
+def test_the_cumsum_with_layout_passes_is_refused_as_libtpu_refuses_it(chip: str) -> None:
     """Why the kernels above turn the layout passes off: with them (the default) libtpu refuses
-    the SparseCore scan, on v5p as on TPU7x. The simulator does not model that refusal."""
-    for chip in ("v5p", "TPU7x"):
-        verdict = libtpu_verdict(chip, layout_passes=True)
+    the SparseCore scan, on v5p as on TPU7x, and the simulator refuses the vector-subcore body
+    as it does a kernel over that mesh alone (sim/sc_ops.py)."""
+    for copy in (True, False):
+        verdict = libtpu_verdict(chip, layout_passes=True, copy=copy)
         assert verdict is not None and LAYOUT_WORDS in verdict, (chip, verdict)
+    with simulate(chip, 1):
+        x = np.zeros(plsc.get_sparse_core_info().num_lanes, np.float32)
+        run = jax.jit(cumsum_kernel(layout_passes=True, copy=False))
+        with pytest.raises(UnsupportedOnChipError, match=LAYOUT_WORDS):
+            run(x)
+
+
+def scratch_kernel(words: int) -> Any:
+    """An MPMD kernel whose vector subcores each fill ``words`` float32 of VMEM scratch."""
+    info = plsc.get_sparse_core_info()
+    vector = plsc.VectorSubcoreMesh(
+        core_axis_name="core", subcore_axis_name="subcore", num_cores=info.num_cores
+    )
+    scalar = plsc.ScalarSubcoreMesh(axis_name="core", num_cores=info.num_cores)
+
+    def on_vector(x_hbm: Any, o_hbm: Any, buf: Any) -> None:
+        del x_hbm, o_hbm
+        buf[pl.ds(0, info.num_lanes)] = jnp.full((info.num_lanes,), 1.5, jnp.float32)
+
+    def on_scalar(x_hbm: Any, o_hbm: Any, buf: Any) -> None:
+        del x_hbm, o_hbm, buf
+
+    return pl.kernel(
+        body=[on_vector, on_scalar],
+        mesh=[vector, scalar],
+        out_type=jax.ShapeDtypeStruct((info.num_lanes,), jnp.float32),
+        scratch_types=[pltpu.VMEM((words,), jnp.float32) @ vector],
+        compiler_params=pltpu.CompilerParams(needs_layout_passes=False),
+    )
+
+
+@needs_libtpu
+@pytest.mark.parametrize("fraction", [0.97, 1.03])
+def test_scratch_is_budgeted_against_a_vector_subcores_vmem(fraction: float) -> None:
+    """libtpu allocates an MPMD kernel's vector scratch in each vector subcore's VMEM (v5p:
+    512 KiB, "CompileTimeSparseCoreAllocationFailure" past it), not in a TensorCore's: the
+    simulator refuses exactly the scratch libtpu refuses."""
+    from coremesh.testing.aot.topology import CompileTarget
+
+    chip = get_chip("v5p")
+    assert chip.sparsecore is not None
+    words = int(chip.sparsecore.vmem_bytes_per_subcore * fraction) // 4 // 128 * 128
+    target = CompileTarget.for_chip("v5p", devices=chip.devices_per_chip())
+    with target.activate():
+        lanes = plsc.get_sparse_core_info().num_lanes
+        spec = jax.ShapeDtypeStruct((lanes,), jnp.float32, sharding=target.sharding(jax.P()))
+        mapped = jax.shard_map(
+            scratch_kernel(words),
+            mesh=target.mesh,
+            in_specs=(jax.P(),),
+            out_specs=jax.P(),
+            check_vma=False,
+        )
+        try:
+            jax.jit(mapped).trace(spec).lower().compile()
+            verdict = ""
+        except Exception as err:  # the compiler's own error type
+            verdict = str(err)
+    refused = "SparseCoreAllocationFailure" in verdict
+    assert refused == (fraction > 1), verdict
+    with simulate("v5p", 1):
+        run = jax.jit(scratch_kernel(words))
+        if refused:
+            with pytest.raises(KernelCapacityError, match="SparseCore VMEM"):
+                run(np.zeros(lanes, np.float32))
+        else:
+            jax.block_until_ready(run(np.zeros(lanes, np.float32)))
 
 
 #: jax's refusals of an MPMD kernel with a TensorCore body, by what the other body runs on.

@@ -3,6 +3,7 @@ and at the memory space of each ref."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import Callable
@@ -31,6 +32,49 @@ def sub_jaxprs(eqn: Any) -> list[Any]:
             if hasattr(sub, "eqns"):
                 subs.append(sub)
     return subs
+
+
+def lax_primitives() -> frozenset[Any]:
+    """The value primitives of ``jax.lax`` (elementwise, slicing, reductions, sorts, scans,
+    FFT, linear algebra): what a kernel body computes with, as opposed to Pallas' and state's
+    own primitives and the simulator's."""
+    return primitives_of(
+        *(
+            f"jax._src.lax.{name}"
+            for name in (
+                "lax", "slicing", "windowed_reductions", "fft", "linalg", "special",
+                "convolution", "ann", "control_flow.loops",
+            )
+        )
+    )  # fmt: skip
+
+
+def kernel_primitives() -> frozenset[Any]:
+    """:func:`lax_primitives` and the primitives of Pallas (``pl.load`` / ``pl.store`` with a
+    mask, atomics, ``program_id``), of Pallas TPU (DMAs, semaphores, ``pltpu.roll``, ...) and
+    of refs (``ref[...]``): what a user's kernel is made of before the simulator rewrites it."""
+    return lax_primitives() | primitives_of(
+        "jax._src.pallas.primitives",
+        "jax._src.pallas.mosaic.primitives",
+        "jax._src.state.primitives",
+    )
+
+
+@functools.cache
+def primitives_of(*modules: str) -> frozenset[Any]:
+    """The primitives the named modules define (those of them the installed jax has)."""
+    import importlib
+
+    from jax._src import core as jax_core
+
+    found: set[Any] = set()
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        found.update(v for v in vars(module).values() if isinstance(v, jax_core.Primitive))
+    return frozenset(found)
 
 
 def memory_space(aval: Any) -> str:

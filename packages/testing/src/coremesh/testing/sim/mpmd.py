@@ -401,6 +401,22 @@ def _core_of(grid: tuple[int, ...], params: Any) -> tuple[int, ...]:
     return tuple(order.index(k) for k in range(grid[0]))
 
 
+def _check_vector_bodies(jaxprs: Sequence[Any], meshes: Sequence[Any], params: Any) -> None:
+    """Refuse what Mosaic's SparseCore lowering refuses in a vector-subcore body, as for a
+    kernel over that mesh alone (the combined kernel has no mesh to tell it by)."""
+    from coremesh.testing.sim.refusals import kernel_label
+    from coremesh.testing.sim.sc_ops import check_vector_subcore_kernel
+
+    for jaxpr, mesh in zip(jaxprs, meshes, strict=True):
+        if type(mesh).__name__ == "VectorSubcoreMesh":
+            check_vector_subcore_kernel(
+                jaxpr,
+                label=kernel_label(jaxpr, params.get("name")),
+                chip=current().name,
+                compiler_params=params["compiler_params"],
+            )
+
+
 def lower(ctx: Any, *in_nodes: Any, **params: Any) -> Any:
     """The CPU lowering of an MPMD kernel: one interpreted kernel, a thread per body."""
     from jax._src import tree_util as tu
@@ -420,6 +436,7 @@ def lower(ctx: Any, *in_nodes: Any, **params: Any) -> Any:
         for v in jaxprs[0].invars[:n_in]
     ):
         raise _refusal("a closed-over scalar", "only ref operands are passed to MPMD bodies")
+    _check_vector_bodies(jaxprs, meshes, params)
     axes = _super_axes(meshes)
     grid = (len(meshes), *(size for _, size in axes))
     semantics = ("parallel", *("arbitrary" for _ in axes))

@@ -36,7 +36,7 @@ from coremesh.testing.sim.errors import (
     UnfinishedKernelError,
 )
 from coremesh.testing.sim.faults import register_kernel, user_location
-from coremesh.testing.sim.jaxprs import all_eqns, memory_space, sub_jaxprs
+from coremesh.testing.sim.jaxprs import all_eqns, lax_primitives, memory_space, sub_jaxprs
 
 #: Host CPU devices the simulator runs at most. Each is one XLA CPU device with its own threads,
 #: and a simulated core blocked on a semaphore holds one: measured on a 2-CPU, 23 GiB machine,
@@ -94,7 +94,10 @@ def check_kernel(
     name = name or getattr(debug, "func_name", None)
     register_kernel(jaxpr, name, getattr(debug, "func_src_info", None))
     label = kernel_label(jaxpr, name)
-    sparsecore = mesh is not None and "Subcore" in type(mesh).__name__
+    # An MPMD kernel's bodies are SparseCore ones (jax refuses a TensorCore mesh beside a
+    # SparseCore one, and two TensorCore meshes, as it traces the kernel): its scratch is a
+    # vector subcore's, and its vector bodies are judged in mpmd.lower.
+    sparsecore = _is_mpmd(grid_mapping) or (mesh is not None and "Subcore" in type(mesh).__name__)
     inner = getattr(jaxpr, "jaxpr", jaxpr)
     vmem, smem = validate.scoped_bytes(inner, chip.chip, own=inner.invars, tiled=not sparsecore)
     what = f"{label}: scratch and pipeline buffers"
@@ -118,9 +121,7 @@ def check_kernel(
             err.what + listed, rule=err.rule, chip=err.chip, fix=err.fix
         ) from None
     check_side_effects(compiler_params, label, chip.name)
-    # An MPMD kernel's bodies are SparseCore ones: jax refuses a TensorCore mesh beside a
-    # SparseCore one, and two TensorCore meshes, as it traces the kernel.
-    tensorcore = not sparsecore and not _is_mpmd(grid_mapping)
+    tensorcore = not sparsecore
     check_regular_semaphore_dmas(inner, label, chip.name, tensorcore=tensorcore)
     check_explicit_mxu(inner, label, chip.name)
     if tensorcore:
@@ -131,7 +132,7 @@ def check_kernel(
         check_integer_ops(inner, label, chip.name)
         check_multicore_vmem_operands(inner, mesh, grid_mapping, label, chip.name)
     elif type(mesh).__name__ == "VectorSubcoreMesh":
-        from coremesh.testing.sim.sc_accesses import check_vector_subcore_kernel
+        from coremesh.testing.sim.sc_ops import check_vector_subcore_kernel
 
         check_vector_subcore_kernel(
             inner, label=label, chip=chip.name, compiler_params=compiler_params
@@ -352,28 +353,6 @@ def _tensorcore_kernel_type(compiler_params: Any) -> bool:
     return kernel_type is None or getattr(kernel_type, "name", None) == "TC"
 
 
-@functools.cache
-def _lax_primitives() -> frozenset[Any]:
-    """The value primitives of ``jax.lax`` (elementwise, slicing, reductions, sorts, scans,
-    FFT, linear algebra): what a kernel body computes with, as opposed to Pallas' and state's
-    own primitives and the simulator's."""
-    import importlib
-
-    from jax._src import core as jax_core
-
-    found: set[Any] = set()
-    for name in (
-        "lax", "slicing", "windowed_reductions", "fft", "linalg", "special", "convolution",
-        "ann", "control_flow.loops",
-    ):  # fmt: skip
-        try:
-            module = importlib.import_module(f"jax._src.lax.{name}")
-        except ImportError:
-            continue
-        found.update(v for v in vars(module).values() if isinstance(v, jax_core.Primitive))
-    return frozenset(found)
-
-
 def check_lowered_primitives(jaxpr: Any, label: str, chip: str) -> None:
     """Refuse a ``jax.lax`` operation Mosaic's TensorCore lowering has no rule for, with its
     words (lowering.py ``jaxpr_subcomp``: "Unimplemented primitive in Pallas TPU lowering for
@@ -386,7 +365,7 @@ def check_lowered_primitives(jaxpr: Any, label: str, chip: str) -> None:
     from jax._src.pallas.mosaic import lowering
 
     rules = lowering.lowering_rules[tpu_core.CoreType.TC]
-    known = _lax_primitives()
+    known = lax_primitives()
     for eqn in all_eqns(jaxpr):
         if eqn.primitive in rules or eqn.primitive not in known or sub_jaxprs(eqn):
             continue

@@ -13,9 +13,8 @@ Mosaic's SparseCore lowering of ``get`` and ``swap`` (sc_lowering.py ``_load_low
   an array load or store in SMEM.
 
 Dimensions a BlockSpec squeezed are not in the kernel's ref types, so they are not seen here:
-the check may miss what Mosaic refuses for them, never refuse what it accepts. ``plsc.pack`` and
-``plsc.unpack`` with ``needs_layout_passes=True`` (the default) are refused where the installed
-jax's lowering refuses them (from jax 0.11).
+the check may miss what Mosaic refuses for them, never refuse what it accepts. The kernel's
+other operations are :mod:`.sc_ops`' to judge, which calls this module.
 """
 
 from __future__ import annotations
@@ -27,40 +26,10 @@ from jax._src.state import indexing
 from jax._src.state import primitives as state_primitives
 from jax._src.state import types as state_types
 
-from coremesh.core import jax_versions
-from coremesh.core.errors import UnsupportedOnChipError
-from coremesh.testing.sim.jaxprs import all_eqns
-
-
-def check_vector_subcore_kernel(jaxpr: Any, *, label: str, chip: str, compiler_params: Any) -> None:
-    """Raise Mosaic's refusal of the first load, store or pack in ``jaxpr`` (a vector subcore
-    kernel) that its SparseCore lowering refuses."""
-    layout_passes = getattr(compiler_params, "needs_layout_passes", True) is not False
-    for eqn in all_eqns(jaxpr):
-        if eqn.primitive in (state_primitives.get_p, state_primitives.swap_p):
-            what = _access_refusal(eqn)
-            if what is not None:
-                raise UnsupportedOnChipError(
-                    f"{label}: {what}",
-                    rule="Mosaic's SparseCore lowering of a vector subcore's loads and stores "
-                    "(sc_lowering.py) refuses this",
-                    chip=chip,
-                    fix=_FIX,
-                )
-        elif layout_passes and eqn.primitive.name in ("pack", "unpack") and _pack_refused():
-            from jax._src.pallas.mosaic import sc_primitives as scp
-
-            if eqn.primitive in (scp.pack_p, scp.unpack_p):
-                raise UnsupportedOnChipError(
-                    f"{label}: plsc.{eqn.primitive.name} is not supported with "
-                    "needs_layout_passes=True",
-                    rule="plsc.pack / plsc.unpack lower only without Mosaic's layout passes",
-                    chip=chip,
-                    fix="pass compiler_params=pltpu.CompilerParams(needs_layout_passes=False), "
-                    "or convert with jax.lax.convert_element_type / .astype instead",
-                )
-
-
+_RULE = (
+    "Mosaic's SparseCore lowering of a vector subcore's loads and stores (sc_lowering.py) "
+    "refuses this"
+)
 _FIX = (
     "copy HBM or VMEM_SHARED data to VMEM with pltpu.sync_copy / async_copy first; load a whole "
     "vector (v = ref[pl.ds(i, lanes)]) and take v[0] instead of a scalar; write a row, not a "
@@ -68,20 +37,44 @@ _FIX = (
 )
 
 
-#: The first jax whose ``plsc.pack`` / ``unpack`` lowering refuses Mosaic's layout passes
-#: (sc_primitives.py ``_pack_lowering_rule``: 0.11.2 and 0.12.0.1 do, 0.10.2 does not).
-PACK_LAYOUT_PASSES_REFUSED_SINCE = "0.11.0"
+def access_refusal(eqn: Any, *, layout_passes: bool) -> tuple[str, str, str] | None:
+    """(what, rule, fix) of Mosaic's refusal of ``eqn``, a load or store of a vector
+    subcore kernel (``layout_passes``: the kernel's ``needs_layout_passes``); None for any
+    other equation or one Mosaic lowers."""
+    parts = _parts(eqn)
+    if parts is None:
+        return None
+    what = _access_refusal(*parts, eqn.params["tree"], layout_passes)
+    return None if what is None else (what, _RULE, _FIX)
 
 
-def _pack_refused() -> bool:
-    return jax_versions.at_least(PACK_LAYOUT_PASSES_REFUSED_SINCE)
+def _parts(eqn: Any) -> tuple[bool, Any, list[Any]] | None:
+    """(whether it loads, the ref, its transforms' flat operands) of a load or a store: a
+    plain one (``ref[...]``) or the SparseCore's own (``plsc.load_expanded``,
+    ``store_compressed``, ``addupdate``), which Mosaic lowers by the same rules."""
+    from jax._src.pallas.mosaic import sc_primitives as scp
 
-
-def _access_refusal(eqn: Any) -> str | None:
-    get = eqn.primitive is state_primitives.get_p
+    if eqn.primitive not in (
+        state_primitives.get_p,
+        state_primitives.swap_p,
+        scp.load_p,
+        scp.swap_p,
+    ):
+        return None
     ref, *rest = eqn.invars
-    flat = rest if get else rest[1:]
-    transforms = list(jax.tree.unflatten(eqn.params["tree"], [v.aval for v in flat]))
+    if eqn.primitive is state_primitives.get_p:
+        return True, ref, rest
+    if eqn.primitive is state_primitives.swap_p:
+        return False, ref, rest[1:]
+    load = eqn.primitive is scp.load_p
+    flat = rest if load else rest[1:]
+    return load, ref, flat[:-1] if eqn.params["has_mask"] else flat
+
+
+def _access_refusal(
+    get: bool, ref: Any, flat: list[Any], tree: Any, layout_passes: bool
+) -> str | None:
+    transforms = list(jax.tree.unflatten(tree, [v.aval for v in flat]))
     aval = state_types.transform_type(transforms, ref.aval)
     space = getattr(aval, "memory_space", None)
     space = getattr(space, "memory_space", space)  # a core memory space: the one it wraps
@@ -116,6 +109,27 @@ def _access_refusal(eqn: Any) -> str | None:
                 "``v = ref[pl.ds(idx, ...)]; v[0]``"
             )
         return f"Swap only supports scalars in SMEM. Trying to swap a scalar in {name.upper()}"
+    if not scalar and not layout_passes:
+        return _register_shape_refusal(op, aval)
+    return None
+
+
+def _register_shape_refusal(op: str, aval: Any) -> str | None:
+    """Without the layout passes a vector load or store moves one whole register: Mosaic's
+    ``_check_aval_is_supported`` (jax's own, called here) takes the shapes of
+    ``sc_core.supported_shapes``, ``(lanes,)`` for 32-bit types."""
+    from jax._src import core as jax_core
+    from jax._src.pallas.mosaic import sc_lowering
+
+    try:
+        sc_lowering._check_aval_is_supported(op, jax_core.ShapedArray(aval.shape, aval.dtype))
+    except NotImplementedError as err:
+        return (
+            f"{err} (with needs_layout_passes=False each vector load and store is one whole "
+            "register: load the full vector and slice the value, or keep the layout passes)"
+        )
+    except ValueError:  # an element wider than 32 bits: refused elsewhere
+        return None
     return None
 
 

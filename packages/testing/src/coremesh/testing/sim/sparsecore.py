@@ -684,22 +684,16 @@ def _indexed_side(src: Any, dst: Any) -> tuple[Any, Any, bool] | None:
 
 
 def _cumsum_refusal(eqn: Any) -> UnsupportedOnChipError | None:
-    """Mosaic's SparseCore lowering of ``jnp.cumsum`` (sc_primitives.py
-    ``_cumsum_lowering_rule``) takes a rank-1 vector along axis 0, not reversed; the
-    interpreter runs any."""
-    if eqn.primitive.name != "cumsum":
-        return None
-    aval = eqn.invars[0].aval
-    if aval.ndim == 1 and not eqn.params.get("reverse") and eqn.params.get("axis", 0) == 0:
-        return None
+    """A cumsum Mosaic's SparseCore lowering refuses (:func:`.sc_ops.cumsum_refusal`), in any
+    kernel that reaches the SparseCore rules (a vector subcore kernel's is refused before)."""
     from coremesh.testing.sim.chip import current_name
+    from coremesh.testing.sim.sc_ops import cumsum_refusal
 
-    return UnsupportedOnChipError(
-        f"SC cumsum: x={aval.str_short()} must be rank 1, along axis 0 and not reversed",
-        rule="a SparseCore vector subcore scans one vector of lanes",
-        chip=current_name(),
-        fix="reshape to one axis and scan it, or scan each row in a loop",
-    )
+    what = cumsum_refusal(eqn)
+    if what is None:
+        return None
+    text, rule, fix = what
+    return UnsupportedOnChipError(text, rule=rule, chip=current_name(), fix=fix)
 
 
 def _vector_memory_refusal(eqn: Any) -> UnsupportedOnChipError | None:

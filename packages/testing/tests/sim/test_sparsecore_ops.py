@@ -1,0 +1,187 @@
+"""The simulator refuses a vector subcore kernel's operations exactly where libtpu's compile
+refuses them (sim/sc_ops.py): operations Mosaic's SparseCore lowering has no rule for,
+reductions along another axis, and, with the layout passes on (the default), scans,
+all-reduces and, before jax 0.12, masked loads and stores. Each case is compiled with libtpu
+beside the simulator's run, with and without ``needs_layout_passes``; a kernel both accept
+gives numpy's answer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import tpu_sc as plsc
+
+from coremesh.core.chips import get_chip
+from coremesh.core.errors import UnsupportedOnChipError
+from coremesh.testing.sim import simulate
+
+pytestmark = pytest.mark.sim
+
+
+def libtpu_installed() -> bool:
+    from coremesh.testing.aot import versions
+
+    try:
+        versions.require_compiler()
+    except versions.LibtpuError:
+        return False
+    return True
+
+
+needs_libtpu = pytest.mark.skipif(not libtpu_installed(), reason="libtpu is not installed")
+
+Body = Callable[[Any, Any], None]
+
+
+def _odd(x: Any) -> Any:
+    return (x % 2) == 1
+
+
+def _store_compressed(x: Any, o: Any) -> None:
+    o[...] = jnp.zeros(o.shape, o.dtype)
+    plsc.store_compressed(o.at[...], x[...], mask=_odd(x[...]))
+
+
+#: name -> (body(x_ref, o_ref) over one int32 vector, numpy's answer for x or None).
+CASES: dict[str, tuple[Body, Callable[[np.ndarray], np.ndarray] | None]] = {
+    "add": (lambda x, o: o.__setitem__(..., x[...] * 3 + 1), lambda x: x * 3 + 1),
+    "jnp.cumsum": (lambda x, o: o.__setitem__(..., jnp.cumsum(x[...])), np.cumsum),
+    "jnp.sum": (
+        lambda x, o: o.__setitem__(..., jnp.full(o.shape, jnp.sum(x[...]))),
+        lambda x: np.full_like(x, x.sum()),
+    ),
+    "jnp.max": (
+        lambda x, o: o.__setitem__(..., jnp.full(o.shape, jnp.max(x[...]))),
+        lambda x: np.full_like(x, x.max()),
+    ),
+    "jnp.any": (
+        lambda x, o: o.__setitem__(..., jnp.full(o.shape, jnp.any(x[...] > 5), jnp.int32)),
+        lambda x: np.full_like(x, (x > 5).any()),
+    ),
+    "plsc.cumsum": (
+        lambda x, o: o.__setitem__(..., plsc.cumsum(x[...], mask=_odd(x[...]))),
+        lambda x: np.cumsum(np.where(x % 2 == 1, x, 0)),
+    ),
+    "plsc.all_reduce_population_count": (
+        lambda x, o: o.__setitem__(..., plsc.all_reduce_population_count(_odd(x[...]))),
+        lambda x: np.full_like(x, (x % 2 == 1).sum()),
+    ),
+    "plsc.sort_key_val": (
+        lambda x, o: o.__setitem__(..., plsc.sort_key_val(x[...], x[...])[0]),
+        np.sort,
+    ),
+    "plsc.store_compressed": (_store_compressed, None),
+    # Refused while lowering, whatever the layout passes.
+    "jnp.prod": (lambda x, o: o.__setitem__(..., jnp.full(o.shape, jnp.prod(x[...]))), None),
+    "lax.cummax": (lambda x, o: o.__setitem__(..., jax.lax.cummax(x[...])), None),
+    "jnp.tile": (lambda x, o: o.__setitem__(..., jnp.tile(x[pl.ds(0, 4)], 2)), None),
+    "jnp.sum along axis 1": (
+        lambda x, o: o.__setitem__(
+            ..., jnp.full(o.shape, jnp.sum(x[...].reshape(2, -1), axis=1)[0])
+        ),
+        None,
+    ),
+}
+
+
+def kernel(body: Body, lanes: int, *, layout_passes: bool) -> Any:
+    """One vector subcore copies x in, runs body, copies the result out."""
+    mesh = plsc.VectorSubcoreMesh(core_axis_name="core", subcore_axis_name="subcore", num_cores=1)
+
+    def run(x_hbm: Any, o_hbm: Any, x: Any, o: Any) -> None:
+        pltpu.sync_copy(x_hbm, x)
+        body(x, o)
+        pltpu.sync_copy(o, o_hbm)
+
+    return pl.kernel(
+        run,
+        mesh=mesh,
+        out_type=jax.ShapeDtypeStruct((lanes,), jnp.int32),
+        scratch_types=[pltpu.VMEM((lanes,), jnp.int32)] * 2,
+        compiler_params=pltpu.CompilerParams(needs_layout_passes=layout_passes),
+    )
+
+
+def libtpu_refuses(chip: str, body: Body, *, layout_passes: bool) -> str | None:
+    """libtpu's compile of :func:`kernel` for ``chip``: its error, one line, or None."""
+    from coremesh.testing.aot.topology import CompileTarget
+
+    target = CompileTarget.for_chip(chip, devices=get_chip(chip).devices_per_chip())
+    with target.activate():
+        lanes = plsc.get_sparse_core_info().num_lanes
+        spec = jax.ShapeDtypeStruct((lanes,), jnp.int32, sharding=target.sharding(jax.P()))
+        mapped = jax.shard_map(
+            kernel(body, lanes, layout_passes=layout_passes),
+            mesh=target.mesh,
+            in_specs=(jax.P(),),
+            out_specs=jax.P(),
+            check_vma=False,
+        )
+        try:
+            jax.jit(mapped).trace(spec).lower().compile()
+        except Exception as err:  # the compiler's own error type
+            return " ".join(str(err).split())
+    return None
+
+
+def simulated(
+    chip: str, body: Body, *, layout_passes: bool
+) -> tuple[np.ndarray, np.ndarray | None, UnsupportedOnChipError | None]:
+    """(x, the simulator's result or None, its refusal or None)."""
+    with simulate(chip, 1):
+        lanes = plsc.get_sparse_core_info().num_lanes
+        x = ((np.arange(lanes) * 7) % 11 - 3).astype(np.int32)
+        try:
+            got = jax.jit(kernel(body, lanes, layout_passes=layout_passes))(x)
+        except UnsupportedOnChipError as err:
+            return x, None, err
+        return x, np.asarray(got), None
+
+
+@needs_libtpu
+@pytest.mark.parametrize("layout_passes", [True, False], ids=["layout-passes", "no-layout-passes"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_refused_exactly_where_libtpu_refuses(case: str, layout_passes: bool) -> None:
+    body, reference = CASES[case]
+    verdict = libtpu_refuses("v5p", body, layout_passes=layout_passes)
+    x, got, refusal = simulated("v5p", body, layout_passes=layout_passes)
+    assert (refusal is not None) == (verdict is not None), (case, verdict, refusal)
+    if refusal is None:
+        if reference is not None:
+            np.testing.assert_array_equal(got, reference(x).astype(np.int32))
+        return
+    assert verdict is not None
+    if "infer-vector-layout" in verdict or "Mask is not supported" in verdict:
+        # Refused by the layout passes: the simulator says which setting lets it compile.
+        assert "needs_layout_passes=False" in str(refusal), refusal
+    else:
+        # Refused while lowering: Mosaic's own words.
+        words = verdict.split(". Please")[0].removeprefix("NotImplementedError: ").rstrip(".")
+        assert words.split(":")[0] in str(refusal), (verdict, refusal)
+
+
+@needs_libtpu
+@pytest.mark.parametrize("case", ["jnp.cumsum", "plsc.all_reduce_population_count", "add"])
+def test_the_layout_pass_refusal_holds_on_tpu7x(case: str) -> None:
+    """The scans and all-reduces are refused on TPU7x as on v5p (16 lanes against 8)."""
+    body, _ = CASES[case]
+    verdict = libtpu_refuses("TPU7x", body, layout_passes=True)
+    _, _, refusal = simulated("TPU7x", body, layout_passes=True)
+    assert (refusal is not None) == (verdict is not None), (case, verdict, refusal)
+
+
+def test_the_refusal_names_the_call_and_where_it_is() -> None:
+    def body(x: Any, o: Any) -> None:
+        o[...] = jnp.full(o.shape, jnp.max(x[...]))
+
+    _, _, refusal = simulated("v5p", body, layout_passes=True)
+    assert refusal is not None
+    text = str(refusal)
+    assert "jnp.max" in text and "xir.scan" in text and "test_sparsecore_ops.py" in text, text
