@@ -185,3 +185,60 @@ def test_the_refusal_names_the_call_and_where_it_is() -> None:
     assert refusal is not None
     text = str(refusal)
     assert "jnp.max" in text and "xir.scan" in text and "test_sparsecore_ops.py" in text, text
+
+
+def smem_kernel(dtype: Any, mesh_kind: str) -> Any:
+    """A scalar of ``dtype`` stored to SMEM, loaded back and stored again, on the scalar or
+    the vector subcores."""
+    if mesh_kind == "scalar":
+        mesh: Any = plsc.ScalarSubcoreMesh(axis_name="core", num_cores=1)
+    else:
+        mesh = plsc.VectorSubcoreMesh(
+            core_axis_name="core", subcore_axis_name="subcore", num_cores=1
+        )
+
+    def run(x_hbm: Any, o_hbm: Any, s: Any) -> None:
+        del x_hbm, o_hbm
+        s[0] = jnp.asarray(3, dtype)
+        s[1] = s[0]
+
+    return pl.kernel(
+        run,
+        mesh=mesh,
+        out_type=jax.ShapeDtypeStruct((8,), jnp.int32),
+        scratch_types=[pltpu.SMEM((8,), dtype)],
+    )
+
+
+@needs_libtpu
+@pytest.mark.parametrize("mesh_kind", ["scalar", "vector"])
+@pytest.mark.parametrize("dtype", ["int32", "uint32", "float32", "int16", "int8", "bfloat16"])
+def test_smem_scalars_are_refused_unless_32_bits_wide(dtype: str, mesh_kind: str) -> None:
+    """libtpu's SparseCore memref.load / store take i32 and f32 words only; the simulator
+    refuses the narrower scalars libtpu refuses and runs the others."""
+    from coremesh.testing.aot.topology import CompileTarget
+
+    target = CompileTarget.for_chip("v5p", devices=get_chip("v5p").devices_per_chip())
+    with target.activate():
+        spec = jax.ShapeDtypeStruct((8,), jnp.int32, sharding=target.sharding(jax.P()))
+        mapped = jax.shard_map(
+            smem_kernel(jnp.dtype(dtype), mesh_kind),
+            mesh=target.mesh,
+            in_specs=(jax.P(),),
+            out_specs=jax.P(),
+            check_vma=False,
+        )
+        try:
+            jax.jit(mapped).trace(spec).lower().compile()
+            verdict = ""
+        except Exception as err:  # the compiler's own error type
+            verdict = " ".join(str(err).split())
+    refused = "only supports i32 and f32 values" in verdict
+    assert refused or not verdict, verdict
+    with simulate("v5p", 1):
+        run = jax.jit(smem_kernel(jnp.dtype(dtype), mesh_kind))
+        if refused:
+            with pytest.raises(UnsupportedOnChipError, match="only supports i32 and f32 values"):
+                run(np.zeros(8, np.int32))
+        else:
+            jax.block_until_ready(run(np.zeros(8, np.int32)))

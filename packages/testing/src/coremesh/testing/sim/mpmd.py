@@ -401,20 +401,23 @@ def _core_of(grid: tuple[int, ...], params: Any) -> tuple[int, ...]:
     return tuple(order.index(k) for k in range(grid[0]))
 
 
-def _check_vector_bodies(jaxprs: Sequence[Any], meshes: Sequence[Any], params: Any) -> None:
-    """Refuse what Mosaic's SparseCore lowering refuses in a vector-subcore body, as for a
-    kernel over that mesh alone (the combined kernel has no mesh to tell it by)."""
+def _check_bodies(jaxprs: Sequence[Any], meshes: Sequence[Any], params: Any) -> None:
+    """Refuse what Mosaic's SparseCore lowering refuses in a body, as for a kernel over that
+    mesh alone (the combined kernel has no mesh to tell it by)."""
     from coremesh.testing.sim.refusals import kernel_label
-    from coremesh.testing.sim.sc_ops import check_vector_subcore_kernel
+    from coremesh.testing.sim.sc_ops import (
+        check_scalar_subcore_kernel,
+        check_vector_subcore_kernel,
+    )
 
     for jaxpr, mesh in zip(jaxprs, meshes, strict=True):
+        label, chip = kernel_label(jaxpr, params.get("name")), current().name
         if type(mesh).__name__ == "VectorSubcoreMesh":
             check_vector_subcore_kernel(
-                jaxpr,
-                label=kernel_label(jaxpr, params.get("name")),
-                chip=current().name,
-                compiler_params=params["compiler_params"],
+                jaxpr, label=label, chip=chip, compiler_params=params["compiler_params"]
             )
+        elif type(mesh).__name__ == "ScalarSubcoreMesh":
+            check_scalar_subcore_kernel(jaxpr, label=label, chip=chip)
 
 
 def lower(ctx: Any, *in_nodes: Any, **params: Any) -> Any:
@@ -436,7 +439,7 @@ def lower(ctx: Any, *in_nodes: Any, **params: Any) -> Any:
         for v in jaxprs[0].invars[:n_in]
     ):
         raise _refusal("a closed-over scalar", "only ref operands are passed to MPMD bodies")
-    _check_vector_bodies(jaxprs, meshes, params)
+    _check_bodies(jaxprs, meshes, params)
     axes = _super_axes(meshes)
     grid = (len(meshes), *(size for _, size in axes))
     semantics = ("parallel", *("arbitrary" for _ in axes))

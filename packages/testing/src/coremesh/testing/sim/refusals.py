@@ -137,6 +137,10 @@ def check_kernel(
         check_vector_subcore_kernel(
             inner, label=label, chip=chip.name, compiler_params=compiler_params
         )
+    elif type(mesh).__name__ == "ScalarSubcoreMesh":
+        from coremesh.testing.sim.sc_ops import check_scalar_subcore_kernel
+
+        check_scalar_subcore_kernel(inner, label=label, chip=chip.name)
     if getattr(compiler_params, "collective_id", None) is None:
         for eqn in _barrier_uses(inner):
             where = user_location(eqn.source_info)

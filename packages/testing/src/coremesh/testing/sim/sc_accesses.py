@@ -48,6 +48,38 @@ def access_refusal(eqn: Any, *, layout_passes: bool) -> tuple[str, str, str] | N
     return None if what is None else (what, _RULE, _FIX)
 
 
+def smem_width_refusal(eqn: Any) -> tuple[str, str, str] | None:
+    """(what, rule, fix) if ``eqn`` loads or stores a scalar of SMEM that is not 32 bits wide,
+    in any SparseCore kernel (scalar or vector subcores): Mosaic's SparseCore ``memref.load`` /
+    ``memref.store`` take i32 and f32 only (libtpu 0.0.52, "'memref.load' op only supports i32
+    and f32 values", v5p, jax 0.10.2 and 0.12.0.1); the interpreter stores any width."""
+    parts = _parts(eqn)
+    if parts is None:
+        return None
+    get, ref, flat = parts
+    aval, _, name = _target(ref, flat, eqn.params["tree"])
+    if aval.shape or name != "smem" or aval.dtype.itemsize == 4:
+        return None
+    op = "load" if get else "store"
+    return (
+        f"'memref.{op}' op only supports i32 and f32 values (a {aval.dtype} scalar of SMEM)",
+        "a SparseCore subcore loads and stores SMEM a 32-bit word at a time",
+        "keep SMEM scalars 32-bit (int32, uint32, float32): widen with .astype(jnp.int32) "
+        "before the store and narrow after the load",
+    )
+
+
+def _target(ref: Any, flat: list[Any], tree: Any) -> tuple[Any, list[Any], str]:
+    """(the aval it reads or writes, the transforms, its memory space's lower-case name)."""
+    transforms = list(jax.tree.unflatten(tree, [v.aval for v in flat]))
+    aval = state_types.transform_type(transforms, ref.aval)
+    space = getattr(aval, "memory_space", None)
+    space = getattr(space, "memory_space", space)  # a core memory space: the one it wraps
+    # Unset is HBM on a vector subcore, DEFAULT its VMEM (core.py memory_space_to_tpu_memory_space)
+    name = "hbm" if space is None else str(space).lower().rsplit(".", 1)[-1]
+    return aval, transforms, "vmem" if name == "default" else name
+
+
 def _parts(eqn: Any) -> tuple[bool, Any, list[Any]] | None:
     """(whether it loads, the ref, its transforms' flat operands) of a load or a store: a
     plain one (``ref[...]``) or the SparseCore's own (``plsc.load_expanded``,
@@ -74,13 +106,7 @@ def _parts(eqn: Any) -> tuple[bool, Any, list[Any]] | None:
 def _access_refusal(
     get: bool, ref: Any, flat: list[Any], tree: Any, layout_passes: bool
 ) -> str | None:
-    transforms = list(jax.tree.unflatten(tree, [v.aval for v in flat]))
-    aval = state_types.transform_type(transforms, ref.aval)
-    space = getattr(aval, "memory_space", None)
-    space = getattr(space, "memory_space", space)  # a core memory space: the one it wraps
-    # Unset is HBM on a vector subcore, DEFAULT its VMEM (core.py memory_space_to_tpu_memory_space)
-    name = "hbm" if space is None else str(space).lower().rsplit(".", 1)[-1]
-    name = "vmem" if name == "default" else name
+    aval, transforms, name = _target(ref, flat, tree)
     op = "Get" if get else "Swap"
     if name in ("hbm", "vmem_shared"):
         verb = "loading from" if get else "storing to"

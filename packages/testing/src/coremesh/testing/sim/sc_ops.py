@@ -13,6 +13,8 @@ Measured with libtpu 0.0.52 for v5p and TPU7x, jax 0.10.2, 0.11.2 and 0.12.0.1
   - a reduction along an axis other than 0 ("reductions require axes to be (0,) on
     SparseCore");
   - a ``jnp.cumsum`` of more than one axis, along another, or reversed ("must be rank 1");
+  - a scalar of SMEM that is not 32 bits wide ("'memref.load' op only supports i32 and f32
+    values"), which holds for a scalar subcore kernel too (:func:`check_scalar_subcore_kernel`);
 * in Mosaic's layout passes, on by default (``needs_layout_passes=True``):
   - scans and all-reduces (``xir.scan``, ``xir.all_reduce``: "Operation not supported in the
     Mosaic-SC infer-vector-layout pass"): ``jnp.cumsum``, ``jnp.sum`` / ``max`` / ``min`` /
@@ -37,7 +39,7 @@ from coremesh.core import jax_versions
 from coremesh.core.errors import UnsupportedOnChipError
 from coremesh.testing.sim.faults import user_location
 from coremesh.testing.sim.jaxprs import all_eqns, kernel_primitives, sub_jaxprs
-from coremesh.testing.sim.sc_accesses import access_refusal
+from coremesh.testing.sim.sc_accesses import access_refusal, smem_width_refusal
 
 #: The first jax whose ``plsc.pack`` / ``unpack`` lowering refuses Mosaic's layout passes
 #: (sc_primitives.py ``_pack_lowering_rule``: 0.11.2 and 0.12.0.1 do, 0.10.2 does not).
@@ -77,6 +79,7 @@ def check_vector_subcore_kernel(jaxpr: Any, *, label: str, chip: str, compiler_p
     for eqn in eqns:
         what = (
             access_refusal(eqn, layout_passes=layout_passes)
+            or smem_width_refusal(eqn)
             or _unlowered(eqn)
             or _reduction(eqn)
             or cumsum_refusal(eqn)
@@ -92,6 +95,18 @@ def check_vector_subcore_kernel(jaxpr: Any, *, label: str, chip: str, compiler_p
             err = _layout_refusal(eqn, label=label, chip=chip)
             if err is not None:
                 raise err
+
+
+def check_scalar_subcore_kernel(jaxpr: Any, *, label: str, chip: str) -> None:
+    """Raise Mosaic's refusal of the first SMEM scalar of ``jaxpr`` (a scalar subcore kernel)
+    that is not 32 bits wide; the scalar subcore's other rules are not simulated yet."""
+    for eqn in all_eqns(jaxpr):
+        what = smem_width_refusal(eqn)
+        if what is not None:
+            text, rule, fix = what
+            raise UnsupportedOnChipError(
+                f"{label}: {text}{_at(eqn)}", rule=rule, chip=chip, fix=fix
+            )
 
 
 def _at(eqn: Any) -> str:
