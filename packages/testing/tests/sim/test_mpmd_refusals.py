@@ -6,6 +6,8 @@ TensorCore lowering's "Unimplemented primitive ... for tc" once refused it."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -19,6 +21,7 @@ from jax.experimental.pallas import tpu_sc as plsc
 from coremesh.core import jax_compat, jax_versions
 from coremesh.core.chips import get_chip
 from coremesh.core.errors import UnsupportedOnChipError
+from coremesh.testing.aot import versions
 from coremesh.testing.sim import NotSimulatedError, simulate
 from coremesh.testing.sim.errors import KernelCapacityError
 
@@ -32,17 +35,9 @@ SCOPED_REFUSED = jax_versions.at_least("0.11.0")
 LAYOUT_WORDS = "Set needs_layout_passes=False"
 
 
-def libtpu_installed() -> bool:
-    from coremesh.testing.aot import versions
-
-    try:
-        versions.require_compiler()
-    except versions.LibtpuError:
-        return False
-    return True
-
-
-needs_libtpu = pytest.mark.skipif(not libtpu_installed(), reason="libtpu is not installed")
+needs_libtpu = pytest.mark.skipif(
+    versions.libtpu_version() is None, reason="libtpu is not installed"
+)
 
 
 def cumsum_kernel(*, layout_passes: bool = False, copy: bool = True) -> Any:
@@ -78,8 +73,9 @@ def cumsum_kernel(*, layout_passes: bool = False, copy: bool = True) -> Any:
     )
 
 
-def libtpu_verdict(chip: str, *, layout_passes: bool, copy: bool = True) -> str | None:
-    """libtpu's compile of :func:`cumsum_kernel` for ``chip``: its error, one line, or None."""
+def libtpu_error(chip: str, kernel: Callable[[], Any]) -> str:
+    """libtpu's compile for ``chip`` of ``kernel()``, taking one float32 vector: its error, one
+    line, or "" when it compiles."""
     from coremesh.testing.aot.topology import CompileTarget
 
     target = CompileTarget.for_chip(chip, devices=get_chip(chip).devices_per_chip())
@@ -87,17 +83,19 @@ def libtpu_verdict(chip: str, *, layout_passes: bool, copy: bool = True) -> str 
         lanes = plsc.get_sparse_core_info().num_lanes
         spec = jax.ShapeDtypeStruct((lanes,), jnp.float32, sharding=target.sharding(jax.P()))
         mapped = jax.shard_map(
-            cumsum_kernel(layout_passes=layout_passes, copy=copy),
-            mesh=target.mesh,
-            in_specs=(jax.P(),),
-            out_specs=jax.P(),
-            check_vma=False,
+            kernel(), mesh=target.mesh, in_specs=(jax.P(),), out_specs=jax.P(), check_vma=False
         )
         try:
             jax.jit(mapped).trace(spec).lower().compile()
         except Exception as err:  # the compiler's own error type
             return " ".join(str(err).split())
-    return None
+    return ""
+
+
+def libtpu_verdict(chip: str, *, layout_passes: bool, copy: bool = True) -> str | None:
+    """libtpu's compile of :func:`cumsum_kernel` for ``chip``: its error, one line, or None."""
+    kernel = functools.partial(cumsum_kernel, layout_passes=layout_passes, copy=copy)
+    return libtpu_error(chip, kernel) or None
 
 
 @needs_libtpu
@@ -178,30 +176,14 @@ def test_scratch_is_budgeted_against_a_vector_subcores_vmem(fraction: float) -> 
     """libtpu allocates an MPMD kernel's vector scratch in each vector subcore's VMEM (v5p:
     512 KiB, "CompileTimeSparseCoreAllocationFailure" past it), not in a TensorCore's: the
     simulator refuses exactly the scratch libtpu refuses."""
-    from coremesh.testing.aot.topology import CompileTarget
-
     chip = get_chip("v5p")
     assert chip.sparsecore is not None
     words = int(chip.sparsecore.vmem_bytes_per_subcore * fraction) // 4 // 128 * 128
-    target = CompileTarget.for_chip("v5p", devices=chip.devices_per_chip())
-    with target.activate():
-        lanes = plsc.get_sparse_core_info().num_lanes
-        spec = jax.ShapeDtypeStruct((lanes,), jnp.float32, sharding=target.sharding(jax.P()))
-        mapped = jax.shard_map(
-            scratch_kernel(words),
-            mesh=target.mesh,
-            in_specs=(jax.P(),),
-            out_specs=jax.P(),
-            check_vma=False,
-        )
-        try:
-            jax.jit(mapped).trace(spec).lower().compile()
-            verdict = ""
-        except Exception as err:  # the compiler's own error type
-            verdict = str(err)
+    verdict = libtpu_error("v5p", functools.partial(scratch_kernel, words))
     refused = "SparseCoreAllocationFailure" in verdict
     assert refused == (fraction > 1), verdict
     with simulate("v5p", 1):
+        lanes = plsc.get_sparse_core_info().num_lanes
         run = jax.jit(scratch_kernel(words))
         if refused:
             with pytest.raises(KernelCapacityError, match="SparseCore VMEM"):

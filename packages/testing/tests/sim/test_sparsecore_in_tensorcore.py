@@ -22,6 +22,7 @@ from jax.experimental.pallas import tpu_sc as plsc
 import coremesh.core as cc
 from coremesh.core import jax_compat, jax_versions
 from coremesh.core.chips import get_chip
+from coremesh.testing.aot import versions
 from coremesh.testing.sim import simulate
 
 pytestmark = [
@@ -233,16 +234,6 @@ def operands(lanes: int) -> tuple[np.ndarray, np.ndarray]:
     return x, np.arange(lanes, dtype=np.int32)[::-1].copy()
 
 
-def libtpu_installed() -> bool:
-    from coremesh.testing.aot import versions
-
-    try:
-        versions.require_compiler()
-    except versions.LibtpuError:
-        return False
-    return True
-
-
 def libtpu_verdict(case: str, chip: str, form: str) -> str | None:
     """libtpu's Mosaic compile of the kernel for ``chip``: its error, one line, or None."""
     from coremesh.testing.aot.topology import CompileTarget
@@ -283,7 +274,7 @@ def test_the_simulator_refuses_what_libtpu_refuses(case: str, chip: str, form: s
     name = CASES[case].primitive_name()
     refused = refused_here(case, form)
     words = WORDS.format(name)
-    if libtpu_installed():
+    if versions.libtpu_version() is not None:
         mosaic = libtpu_verdict(case, chip, form)
         assert (mosaic is not None) == refused, mosaic
         assert mosaic is None or words in mosaic, mosaic

@@ -20,22 +20,15 @@ from jax.experimental.pallas import tpu_sc as plsc
 
 from coremesh.core.chips import get_chip
 from coremesh.core.errors import UnsupportedOnChipError
+from coremesh.testing.aot import versions
 from coremesh.testing.sim import simulate
 
 pytestmark = pytest.mark.sim
 
 
-def libtpu_installed() -> bool:
-    from coremesh.testing.aot import versions
-
-    try:
-        versions.require_compiler()
-    except versions.LibtpuError:
-        return False
-    return True
-
-
-needs_libtpu = pytest.mark.skipif(not libtpu_installed(), reason="libtpu is not installed")
+needs_libtpu = pytest.mark.skipif(
+    versions.libtpu_version() is None, reason="libtpu is not installed"
+)
 
 Body = Callable[[Any, Any], None]
 
@@ -109,26 +102,29 @@ def kernel(body: Body, lanes: int, *, layout_passes: bool) -> Any:
     )
 
 
-def libtpu_refuses(chip: str, body: Body, *, layout_passes: bool) -> str | None:
-    """libtpu's compile of :func:`kernel` for ``chip``: its error, one line, or None."""
+def libtpu_error(chip: str, make: Callable[[int], Any], dtype: Any = jnp.int32) -> str:
+    """libtpu's compile for ``chip`` of ``make(lanes)``, a kernel of one vector of ``dtype``:
+    its error, one line, or "" when it compiles."""
     from coremesh.testing.aot.topology import CompileTarget
 
     target = CompileTarget.for_chip(chip, devices=get_chip(chip).devices_per_chip())
     with target.activate():
         lanes = plsc.get_sparse_core_info().num_lanes
-        spec = jax.ShapeDtypeStruct((lanes,), jnp.int32, sharding=target.sharding(jax.P()))
+        spec = jax.ShapeDtypeStruct((lanes,), dtype, sharding=target.sharding(jax.P()))
         mapped = jax.shard_map(
-            kernel(body, lanes, layout_passes=layout_passes),
-            mesh=target.mesh,
-            in_specs=(jax.P(),),
-            out_specs=jax.P(),
-            check_vma=False,
+            make(lanes), mesh=target.mesh, in_specs=(jax.P(),), out_specs=jax.P(), check_vma=False
         )
         try:
             jax.jit(mapped).trace(spec).lower().compile()
         except Exception as err:  # the compiler's own error type
             return " ".join(str(err).split())
-    return None
+    return ""
+
+
+def libtpu_refuses(chip: str, body: Body, *, layout_passes: bool) -> str | None:
+    """libtpu's compile of :func:`kernel` for ``chip``: its error, one line, or None."""
+    error = libtpu_error(chip, lambda lanes: kernel(body, lanes, layout_passes=layout_passes))
+    return error or None
 
 
 def simulated(
@@ -205,7 +201,7 @@ def smem_kernel(dtype: Any, mesh_kind: str) -> Any:
     return pl.kernel(
         run,
         mesh=mesh,
-        out_type=jax.ShapeDtypeStruct((8,), jnp.int32),
+        out_type=jax.ShapeDtypeStruct((plsc.get_sparse_core_info().num_lanes,), jnp.int32),
         scratch_types=[pltpu.SMEM((8,), dtype)],
     )
 
@@ -216,29 +212,14 @@ def smem_kernel(dtype: Any, mesh_kind: str) -> Any:
 def test_smem_scalars_are_refused_unless_32_bits_wide(dtype: str, mesh_kind: str) -> None:
     """libtpu's SparseCore memref.load / store take i32 and f32 words only; the simulator
     refuses the narrower scalars libtpu refuses and runs the others."""
-    from coremesh.testing.aot.topology import CompileTarget
-
-    target = CompileTarget.for_chip("v5p", devices=get_chip("v5p").devices_per_chip())
-    with target.activate():
-        spec = jax.ShapeDtypeStruct((8,), jnp.int32, sharding=target.sharding(jax.P()))
-        mapped = jax.shard_map(
-            smem_kernel(jnp.dtype(dtype), mesh_kind),
-            mesh=target.mesh,
-            in_specs=(jax.P(),),
-            out_specs=jax.P(),
-            check_vma=False,
-        )
-        try:
-            jax.jit(mapped).trace(spec).lower().compile()
-            verdict = ""
-        except Exception as err:  # the compiler's own error type
-            verdict = " ".join(str(err).split())
+    verdict = libtpu_error("v5p", lambda lanes: smem_kernel(jnp.dtype(dtype), mesh_kind))
     refused = "only supports i32 and f32 values" in verdict
     assert refused or not verdict, verdict
     with simulate("v5p", 1):
+        x = np.zeros(plsc.get_sparse_core_info().num_lanes, np.int32)
         run = jax.jit(smem_kernel(jnp.dtype(dtype), mesh_kind))
         if refused:
             with pytest.raises(UnsupportedOnChipError, match="only supports i32 and f32 values"):
-                run(np.zeros(8, np.int32))
+                run(x)
         else:
-            jax.block_until_ready(run(np.zeros(8, np.int32)))
+            jax.block_until_ready(run(x))
