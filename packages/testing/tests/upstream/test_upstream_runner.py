@@ -359,6 +359,23 @@ def test_with_several_jobs_the_files_that_took_longest_last_time_start_first(
     assert last_seconds(tmp_path / "missing.json") == {}
 
 
+def test_a_first_run_orders_the_files_jax_s_tree_is_known_to_take_longest_first() -> None:
+    """Without timings of its own, the typical ones order the files: a file not in the table
+    first (it may be long), then the longest; each mode gets the simulator's figure."""
+    from coremesh.testing.upstream.typical import SIM_SECONDS, typical_seconds
+
+    paged, ops, new = (
+        Path(n)
+        for n in ("tpu_paged_attention_kernel_test.py", "tpu_ops_test.py", "tpu_new_test.py")
+    )
+    typical = typical_seconds([ops, paged, new], ["sim", "stock"])
+    assert typical[(paged.name, "stock")] == typical[(paged.name, "sim")] == SIM_SECONDS[paged.name]
+    assert (new.name, "sim") not in typical
+    pairs: list[tuple[Path, Mode]] = [(ops, "sim"), (paged, "sim"), (new, "sim")]
+    assert SIM_SECONDS[paged.name] > SIM_SECONDS[ops.name]
+    assert start_order(pairs, typical) == [(new, "sim"), (paged, "sim"), (ops, "sim")]
+
+
 def test_the_pass_rate_leaves_out_skips_and_tests_that_read_a_tpu_compile(tmp_path: Path) -> None:
     def result(test: str, status: Status) -> TestResult:
         return TestResult(f"pallas/tpu_pallas_test.py::{test}", status, "why")
