@@ -28,6 +28,7 @@ from typing import Any
 from jax import lax
 
 from coremesh.testing.sim import compiled, compiled_mesh
+from coremesh.testing.sim.grid_blocks import blocks_refusal, carries_taint
 from coremesh.testing.sim.jaxprs import all_eqns, memory_space
 
 _HBM = ("any", "hbm")
@@ -44,16 +45,14 @@ def applies(kw: dict[str, Any]) -> bool:
 def why_interpreted(kw: dict[str, Any], checked: bool, zero_fill: bool) -> str | None:
     """None when the grid kernel of ``kw`` (:func:`applies`) runs here; else why it takes the
     interpreter. ``checked``: the uninitialized-read check is on."""
-    from coremesh.testing.sim.fast_path import _blocks, _carries_taint
-
     gm, jaxpr = kw["grid_mapping"], kw["jaxpr"]
-    reason = _blocks(gm, checked, hbm=True)
+    reason = blocks_refusal(gm, checked, hbm=True)
     if reason:
         return reason
     n_scalars, n_io = gm.num_index_operands, len(gm.block_mappings)
     n_in = n_io - gm.num_outputs
     for bm in gm.block_mappings[n_in:]:
-        if checked and not _carries_taint(bm.array_aval.dtype):
+        if checked and not carries_taint(bm.array_aval.dtype):
             return (
                 f"a {bm.array_aval.dtype} output with the uninitialized-read check on (only "
                 "float elements carry the taint compiled)"

@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from coremesh.testing.sim import compiled, compiled_grid_dma, compiled_mesh, shadow
+from coremesh.testing.sim import compiled, compiled_grid_dma, compiled_mesh
+from coremesh.testing.sim.grid_blocks import MEMORY_SPACES, blocks_refusal, carries_taint
 from coremesh.testing.sim.jaxprs import accesses, all_eqns, memory_space
 
 COMPILED = "compiled"
@@ -50,7 +51,6 @@ _NEEDS_INTERPRETER = frozenset(
         "pure_callback",
     }
 )
-_MEMORY_SPACES = ("none", "default", "vmem", "smem")
 
 #: Under ``fast_path="auto"`` a kernel runs compiled when it makes at least this many memory
 #: accesses as run (each an interpreter callback of about 0.1 ms: a tenth of a second)...
@@ -99,13 +99,6 @@ def _dtype(aval: Any) -> Any:
     return getattr(getattr(aval, "inner_aval", aval), "dtype", None)
 
 
-def _carries_taint(dtype: Any) -> bool:
-    try:
-        return shadow.taint_layout(np.dtype(dtype)) is not None
-    except TypeError:
-        return False
-
-
 def why_interpreted(kw: dict[str, Any], params: Any) -> str | None:
     """None when the kernel described by ``kw`` (``interpret_pallas_call``'s keywords) runs
     compiled under ``params``; else why it takes the interpreter."""
@@ -138,7 +131,7 @@ def _cannot(kw: dict[str, Any], checked: bool, zero_fill: bool) -> str | None:
         return "a kernel that closes over constants"
     if compiled_grid_dma.applies(kw):
         return compiled_grid_dma.why_interpreted(kw, checked, zero_fill)
-    reason = _blocks(gm, checked)
+    reason = blocks_refusal(gm, checked)
     if reason:
         return reason
     inner = getattr(jaxpr, "jaxpr", jaxpr)
@@ -148,7 +141,7 @@ def _cannot(kw: dict[str, Any], checked: bool, zero_fill: bool) -> str | None:
     scratch = inner.invars[first_in + len(gm.block_mappings) :]
     fresh = [v.aval for v in inner.invars[first_in + n_in :]]
     for aval in (v.aval for v in scratch):
-        if memory_space(aval) not in _MEMORY_SPACES or _is_semaphore(_dtype(aval)):
+        if memory_space(aval) not in MEMORY_SPACES or _is_semaphore(_dtype(aval)):
             return f"scratch of kind {aval} (semaphores and HBM scratch need the interpreter)"
     reason = _body(inner, inputs)
     if reason:
@@ -161,7 +154,7 @@ def _cannot(kw: dict[str, Any], checked: bool, zero_fill: bool) -> str | None:
                 "carries no taint)"
             )
         for aval in fresh:
-            if not _carries_taint(_dtype(aval)):
+            if not carries_taint(_dtype(aval)):
                 return (
                     f"a {_dtype(aval)} output or scratch buffer with the uninitialized-read check "
                     "on (only float elements carry the taint compiled)"
@@ -203,32 +196,6 @@ def _is_semaphore(dtype: Any) -> bool:
         return False
 
 
-def _blocks(gm: Any, checked: bool, *, hbm: bool = False) -> str | None:
-    """Why the kernel's blocks need the interpreter (None: they do not); ``hbm``: operands in
-    HBM are whole refs the kernel reaches by DMA (:mod:`compiled_grid_dma`)."""
-    from jax._src.pallas import core as pallas_core
-
-    n_in = len(gm.block_mappings) - gm.num_outputs
-    for k, bm in enumerate(gm.block_mappings):
-        what = f"operand {k}" if k < n_in else f"output {k - n_in}"
-        space = memory_space(bm.block_aval)
-        if hbm and space in ("any", "hbm"):
-            continue
-        if space not in _MEMORY_SPACES:
-            return f"{what} in {space} memory (reached by DMA)"
-        for bd in bm.block_shape:
-            if bd is not None and type(bd).__name__ not in ("Blocked", "Squeezed"):
-                return f"{what}'s block dimension {type(bd).__name__} (only blocked and squeezed)"
-        if checked and k < n_in and not _carries_taint(bm.array_aval.dtype):
-            shape = pallas_core._get_block_shape(bm.block_shape)
-            if any(d % b for d, b in zip(bm.array_aval.shape, shape, strict=True)):
-                return (
-                    f"{what}: a partial {bm.array_aval.dtype} block with the uninitialized-read "
-                    "check on (its padding carries no taint)"
-                )
-    return None
-
-
 def _scoped(jaxpr: Any) -> Iterable[Any]:
     return (e for e in all_eqns(jaxpr) if e.primitive.name == "run_scoped")
 
@@ -252,7 +219,7 @@ def _body(jaxpr: Any, inputs: list[Any]) -> str | None:
                     return f"a ref transform ({type(t).__name__})"
         if prim.name == "run_scoped":
             for v in eqn.params["jaxpr"].invars:
-                if memory_space(v.aval) not in _MEMORY_SPACES or _is_semaphore(_dtype(v.aval)):
+                if memory_space(v.aval) not in MEMORY_SPACES or _is_semaphore(_dtype(v.aval)):
                     return f"run_scoped of {v.aval} (semaphores and HBM scratch)"
     written = {
         e.input
