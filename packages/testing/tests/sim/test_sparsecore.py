@@ -695,8 +695,9 @@ def test_mask_all_reduce_fills_every_lane(op: str) -> None:
 
 def test_mask_all_reduce_with_a_packed_reduce_is_refused() -> None:
     def body(v_in: Any, v_out: Any, w: Any, lanes: int) -> None:
-        half = plsc.all_reduce_ffs(v_in[...] > 0, reduce=2)
-        v_out[...] = jnp.concatenate([half, half])
+        # A mask of 2 x lanes 16-bit values, reduced by 2 to one int32 register.
+        halves = plsc.bitcast(v_in[...], jnp.int16)
+        v_out[...] = plsc.all_reduce_ffs(halves > 0, reduce=2)
 
     with pytest.raises(NotSimulatedError, match="reduce=2"):
         run_on_subcores("v5p", body)

@@ -15,6 +15,10 @@ Measured with libtpu 0.0.52 for v5p and TPU7x, jax 0.10.2, 0.11.2 and 0.12.0.1
   - a ``jnp.cumsum`` of more than one axis, along another, or reversed ("must be rank 1");
   - a scalar of SMEM that is not 32 bits wide ("'memref.load' op only supports i32 and f32
     values"), which holds for a scalar subcore kernel too (:func:`check_scalar_subcore_kernel`);
+* after lowering, whatever the layout passes: a concatenation of vectors (``jnp.concatenate``,
+  ``jnp.roll``: "Concatenation along tiled dimensions" with them, "failed to legalize
+  operation 'xir.concatenate'" without); without them, a slice of a vector value to fewer
+  lanes ("failed to legalize operation 'vector.extract_strided_slice'");
 * in Mosaic's layout passes, on by default (``needs_layout_passes=True``):
   - scans and all-reduces (``xir.scan``, ``xir.all_reduce``: "Operation not supported in the
     Mosaic-SC infer-vector-layout pass"): ``jnp.cumsum``, ``jnp.sum`` / ``max`` / ``min`` /
@@ -73,7 +77,7 @@ _LAYOUT_FIX = (
 
 def check_vector_subcore_kernel(jaxpr: Any, *, label: str, chip: str, compiler_params: Any) -> None:
     """Raise Mosaic's refusal of the first operation of ``jaxpr`` (a vector subcore kernel) its
-    SparseCore lowering refuses, else of the first its layout passes refuse."""
+    SparseCore lowering refuses, else of the first its passes after lowering refuse."""
     eqns = all_eqns(jaxpr)
     layout_passes = getattr(compiler_params, "needs_layout_passes", True) is not False
     for eqn in eqns:
@@ -90,11 +94,14 @@ def check_vector_subcore_kernel(jaxpr: Any, *, label: str, chip: str, compiler_p
             raise UnsupportedOnChipError(
                 f"{label}: {text}{_at(eqn)}", rule=rule, chip=chip, fix=fix
             )
-    if layout_passes:
-        for eqn in eqns:
-            err = _layout_refusal(eqn, label=label, chip=chip)
-            if err is not None:
-                raise err
+    for eqn in eqns:
+        err = (
+            _layout_refusal(eqn, label=label, chip=chip)
+            if layout_passes
+            else _legalize_refusal(eqn, label=label, chip=chip)
+        ) or _concatenate_refusal(eqn, layout_passes, label=label, chip=chip)
+        if err is not None:
+            raise err
 
 
 def check_scalar_subcore_kernel(jaxpr: Any, *, label: str, chip: str) -> None:
@@ -213,4 +220,47 @@ def _pack(eqn: Any) -> tuple[str, str, str] | None:
         "plsc.pack / plsc.unpack lower only without Mosaic's layout passes",
         "pass compiler_params=pltpu.CompilerParams(needs_layout_passes=False), or convert "
         "with jax.lax.convert_element_type / .astype instead",
+    )
+
+
+def _concatenate_refusal(
+    eqn: Any, layout_passes: bool, *, label: str, chip: str
+) -> UnsupportedOnChipError | None:
+    """A concatenation of vectors (``jnp.concatenate``, ``jnp.roll``) along their one axis:
+    the layout passes refuse it ("Concatenation along tiled dimensions"), and without them it
+    does not legalize (libtpu 0.0.52, v5p, jax 0.10.2 and 0.12.0.1)."""
+    if eqn.primitive.name != "concatenate" or eqn.outvars[0].aval.ndim != 1:
+        return None
+    words = (
+        "Not implemented: Concatenation along tiled dimensions"
+        if layout_passes
+        else "failed to legalize operation 'xir.concatenate'"
+    )
+    return UnsupportedOnChipError(
+        f"{label}: jnp.concatenate of vectors{_at(eqn)}: {words}",
+        rule="a vector subcore computes on whole registers of lanes; Mosaic's SparseCore "
+        "compiler does not join vectors along their lanes",
+        chip=chip,
+        fix="write each part to its place in a VMEM ref (ref[pl.ds(i, n)] = part) and load "
+        "the whole register, or select lanes with jnp.where; for a rotation, a gather "
+        "(plsc.load_gather) with rotated indices",
+    )
+
+
+def _legalize_refusal(eqn: Any, *, label: str, chip: str) -> UnsupportedOnChipError | None:
+    """Without the layout passes a vector is one whole register: a slice of a vector value to
+    fewer lanes does not legalize ("failed to legalize operation
+    'vector.extract_strided_slice'", libtpu 0.0.52, v5p, jax 0.10.2 and 0.12.0.1)."""
+    if eqn.primitive.name != "slice":
+        return None
+    aval = eqn.outvars[0].aval
+    if aval.ndim != 1 or aval.shape == eqn.invars[0].aval.shape:
+        return None
+    return UnsupportedOnChipError(
+        f"{label}: a slice of a vector to {aval.str_short()}{_at(eqn)}: failed to legalize "
+        "operation 'vector.extract_strided_slice'",
+        rule="with needs_layout_passes=False a vector subcore's values are whole registers",
+        chip=chip,
+        fix="keep the layout passes (needs_layout_passes=True, the default) for sub-register "
+        "values, or mask lanes with jnp.where instead of slicing",
     )
