@@ -405,19 +405,16 @@ def _check_bodies(jaxprs: Sequence[Any], meshes: Sequence[Any], params: Any) -> 
     """Refuse what Mosaic's SparseCore lowering refuses in a body, as for a kernel over that
     mesh alone (the combined kernel has no mesh to tell it by)."""
     from coremesh.testing.sim.refusals import kernel_label
-    from coremesh.testing.sim.sc_ops import (
-        check_scalar_subcore_kernel,
-        check_vector_subcore_kernel,
-    )
+    from coremesh.testing.sim.sc_ops import check_subcore_kernel
 
     for jaxpr, mesh in zip(jaxprs, meshes, strict=True):
-        label, chip = kernel_label(jaxpr, params.get("name")), current().name
-        if type(mesh).__name__ == "VectorSubcoreMesh":
-            check_vector_subcore_kernel(
-                jaxpr, label=label, chip=chip, compiler_params=params["compiler_params"]
-            )
-        elif type(mesh).__name__ == "ScalarSubcoreMesh":
-            check_scalar_subcore_kernel(jaxpr, label=label, chip=chip)
+        check_subcore_kernel(
+            jaxpr,
+            mesh,
+            label=kernel_label(jaxpr, params.get("name")),
+            chip=current().name,
+            compiler_params=params["compiler_params"],
+        )
 
 
 def lower(ctx: Any, *in_nodes: Any, **params: Any) -> Any:

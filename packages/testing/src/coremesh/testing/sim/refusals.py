@@ -131,16 +131,13 @@ def check_kernel(
             check_tensorcore_sparsecore_ops(inner, label, chip.name)
         check_integer_ops(inner, label, chip.name)
         check_multicore_vmem_operands(inner, mesh, grid_mapping, label, chip.name)
-    elif type(mesh).__name__ == "VectorSubcoreMesh":
-        from coremesh.testing.sim.sc_ops import check_vector_subcore_kernel
+    else:
+        from coremesh.testing.sim.sc_ops import check_subcore_kernel
 
-        check_vector_subcore_kernel(
-            inner, label=label, chip=chip.name, compiler_params=compiler_params
+        # An MPMD kernel (no mesh) has its bodies judged in mpmd.lower.
+        check_subcore_kernel(
+            inner, mesh, label=label, chip=chip.name, compiler_params=compiler_params
         )
-    elif type(mesh).__name__ == "ScalarSubcoreMesh":
-        from coremesh.testing.sim.sc_ops import check_scalar_subcore_kernel
-
-        check_scalar_subcore_kernel(inner, label=label, chip=chip.name)
     if getattr(compiler_params, "collective_id", None) is None:
         for eqn in _barrier_uses(inner):
             where = user_location(eqn.source_info)

@@ -41,11 +41,12 @@ def access_refusal(eqn: Any, *, layout_passes: bool) -> tuple[str, str, str] | N
     """(what, rule, fix) of Mosaic's refusal of ``eqn``, a load or store of a vector
     subcore kernel (``layout_passes``: the kernel's ``needs_layout_passes``); None for any
     other equation or one Mosaic lowers."""
-    parts = _parts(eqn)
-    if parts is None:
+    found = accessed(eqn)
+    if found is None:
         return None
-    what = _access_refusal(*parts, eqn.params["tree"], layout_passes)
-    return None if what is None else (what, _RULE, _FIX)
+    get, aval, transforms, space = found
+    what = _access_refusal(get, aval, transforms, _vector_space(space), layout_passes)
+    return (what, _RULE, _FIX) if what is not None else _smem_width(get, aval, space)
 
 
 def smem_width_refusal(eqn: Any) -> tuple[str, str, str] | None:
@@ -53,12 +54,12 @@ def smem_width_refusal(eqn: Any) -> tuple[str, str, str] | None:
     in any SparseCore kernel (scalar or vector subcores): Mosaic's SparseCore ``memref.load`` /
     ``memref.store`` take i32 and f32 only (libtpu 0.0.52, "'memref.load' op only supports i32
     and f32 values", v5p, jax 0.10.2 and 0.12.0.1); the interpreter stores any width."""
-    parts = _parts(eqn)
-    if parts is None:
-        return None
-    get, ref, flat = parts
-    aval, _, name = _target(ref, flat, eqn.params["tree"])
-    if aval.shape or name != "smem" or aval.dtype.itemsize == 4:
+    found = accessed(eqn)
+    return None if found is None else _smem_width(found[0], found[1], found[3])
+
+
+def _smem_width(get: bool, aval: Any, space: str | None) -> tuple[str, str, str] | None:
+    if aval.shape or space != "smem" or aval.dtype.itemsize == 4:
         return None
     op = "load" if get else "store"
     return (
@@ -69,15 +70,26 @@ def smem_width_refusal(eqn: Any) -> tuple[str, str, str] | None:
     )
 
 
-def _target(ref: Any, flat: list[Any], tree: Any) -> tuple[Any, list[Any], str]:
-    """(the aval it reads or writes, the transforms, its memory space's lower-case name)."""
-    transforms = list(jax.tree.unflatten(tree, [v.aval for v in flat]))
+def accessed(eqn: Any) -> tuple[bool, Any, list[Any], str | None] | None:
+    """(whether it loads, the aval it reads or writes, the transforms, its memory space's
+    lower-case name, None where the kernel left it unset) of a load or a store: a plain one
+    (``ref[...]``) or the SparseCore's own (``plsc.load_expanded``, ``store_compressed``,
+    ``addupdate``), which Mosaic lowers by the same rules; None for any other equation."""
+    parts = _parts(eqn)
+    if parts is None:
+        return None
+    get, ref, flat = parts
+    transforms = list(jax.tree.unflatten(eqn.params["tree"], [v.aval for v in flat]))
     aval = state_types.transform_type(transforms, ref.aval)
     space = getattr(aval, "memory_space", None)
     space = getattr(space, "memory_space", space)  # a core memory space: the one it wraps
-    # Unset is HBM on a vector subcore, DEFAULT its VMEM (core.py memory_space_to_tpu_memory_space)
-    name = "hbm" if space is None else str(space).lower().rsplit(".", 1)[-1]
-    return aval, transforms, "vmem" if name == "default" else name
+    return get, aval, transforms, None if space is None else str(space).lower().rsplit(".", 1)[-1]
+
+
+def _vector_space(space: str | None) -> str:
+    """Unset is HBM on a vector subcore, DEFAULT its VMEM (core.py
+    memory_space_to_tpu_memory_space)."""
+    return "hbm" if space is None else "vmem" if space == "default" else space
 
 
 def _parts(eqn: Any) -> tuple[bool, Any, list[Any]] | None:
@@ -104,9 +116,8 @@ def _parts(eqn: Any) -> tuple[bool, Any, list[Any]] | None:
 
 
 def _access_refusal(
-    get: bool, ref: Any, flat: list[Any], tree: Any, layout_passes: bool
+    get: bool, aval: Any, transforms: list[Any], name: str, layout_passes: bool
 ) -> str | None:
-    aval, transforms, name = _target(ref, flat, tree)
     op = "Get" if get else "Swap"
     if name in ("hbm", "vmem_shared"):
         verb = "loading from" if get else "storing to"

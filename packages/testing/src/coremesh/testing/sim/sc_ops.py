@@ -75,6 +75,18 @@ _LAYOUT_FIX = (
 )
 
 
+def check_subcore_kernel(
+    jaxpr: Any, mesh: Any, *, label: str, chip: str, compiler_params: Any
+) -> None:
+    """The checks of a kernel over ``mesh``: a vector or a scalar subcore mesh's (any other
+    mesh's kernel is not judged here)."""
+    kind = type(mesh).__name__
+    if kind == "VectorSubcoreMesh":
+        check_vector_subcore_kernel(jaxpr, label=label, chip=chip, compiler_params=compiler_params)
+    elif kind == "ScalarSubcoreMesh":
+        check_scalar_subcore_kernel(jaxpr, label=label, chip=chip)
+
+
 def check_vector_subcore_kernel(jaxpr: Any, *, label: str, chip: str, compiler_params: Any) -> None:
     """Raise Mosaic's refusal of the first operation of ``jaxpr`` (a vector subcore kernel) its
     SparseCore lowering refuses, else of the first its passes after lowering refuse."""
@@ -83,7 +95,6 @@ def check_vector_subcore_kernel(jaxpr: Any, *, label: str, chip: str, compiler_p
     for eqn in eqns:
         what = (
             access_refusal(eqn, layout_passes=layout_passes)
-            or smem_width_refusal(eqn)
             or _unlowered(eqn)
             or _reduction(eqn)
             or cumsum_refusal(eqn)

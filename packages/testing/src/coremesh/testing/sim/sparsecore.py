@@ -700,25 +700,17 @@ def _vector_memory_refusal(eqn: Any) -> UnsupportedOnChipError | None:
     """Mosaic's SparseCore load and store (sc_lowering.py ``_load_lowering_rule`` /
     ``_store_lowering_rule``, which ``load_expanded``, ``store_compressed`` and ``addupdate``
     lower through) refuse a ref in HBM or VMEM_SHARED; the interpreter would run them."""
-    if eqn.primitive not in (scp.load_p, scp.swap_p):
-        return None
-    ref, *args = eqn.invars
-    if eqn.primitive is scp.swap_p:
-        args = args[1:]
-    flat = args[:-1] if eqn.params["has_mask"] else args
-    aval = state_types.transform_type(
-        jax.tree.unflatten(eqn.params["tree"], [v.aval for v in flat]), ref.aval
-    )
-    space = getattr(aval, "memory_space", None)
-    space = getattr(space, "memory_space", space)  # a core memory space: the one it wraps
-    name = str(space).lower().rsplit(".", 1)[-1]
-    if name not in ("hbm", "vmem_shared"):
+    from coremesh.testing.sim.sc_accesses import accessed
+
+    found = accessed(eqn) if eqn.primitive in (scp.load_p, scp.swap_p) else None
+    if found is None or found[3] not in ("hbm", "vmem_shared"):
         return None
     from coremesh.testing.sim.chip import current_name
 
-    op, verb = ("Get", "loading from") if eqn.primitive is scp.load_p else ("Swap", "storing to")
+    get, aval, _, name = found
+    op, verb = ("Get", "loading from") if get else ("Swap", "storing to")
     return UnsupportedOnChipError(
-        f"{op} does not support {verb} {name.upper()}: a SparseCore vector load or store "
+        f"{op} does not support {verb} {str(name).upper()}: a SparseCore vector load or store "
         f"(plsc.load_expanded / store_compressed / addupdate) of a {aval.str_short()} ref",
         rule="a SparseCore vector subcore loads and stores its own VMEM only",
         chip=current_name(),
