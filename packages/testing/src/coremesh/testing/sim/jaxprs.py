@@ -49,6 +49,7 @@ def lax_primitives() -> frozenset[Any]:
     )  # fmt: skip
 
 
+@functools.cache
 def kernel_primitives() -> frozenset[Any]:
     """:func:`lax_primitives` and the primitives of Pallas (``pl.load`` / ``pl.store`` with a
     mask, atomics, ``program_id``), of Pallas TPU (DMAs, semaphores, ``pltpu.roll``, ...) and
