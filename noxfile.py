@@ -42,6 +42,12 @@ nox.options.reuse_venv = "yes"
 os.environ.setdefault("NOX_ENABLE_STALENESS_CHECK", "1")
 
 ROOT = Path(__file__).parent
+# Every process a session starts (pytest, the upstream runner's children, the compile children)
+# imports jax. Where the machine sets PYTHONDONTWRITEBYTECODE (CI machines often do) each one
+# compiled jax from source again, about 3 s a start on 2 CPUs; the sessions keep bytecode under
+# .nox/pycache instead, never beside the sources.
+os.environ.setdefault("PYTHONPYCACHEPREFIX", str(ROOT / ".nox" / "pycache"))
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 PACKAGES = ("core", "tensorcore", "sparsecore", "collectives", "testing")
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 # The tested jax lines, oldest first, and the Pythons each one runs on. The same values as

@@ -151,6 +151,24 @@ def test_stock_mode_sees_the_chip_on_the_host_devices(tmp_path: Path) -> None:
     }
 
 
+def test_children_keep_bytecode_out_of_the_tree_even_where_it_is_turned_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A machine with PYTHONDONTWRITEBYTECODE made every child compile jax from source again; the
+    children cache bytecode under the prefix and write nothing beside the tree's files."""
+    cache = tmp_path / "pycache"
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.setenv("PYTHONPYCACHEPREFIX", str(cache))
+    root = _tree(tmp_path)
+    tree = read_tree(root)
+    files = select_files(tree, ["tpu_synthetic_test"])
+    (run,) = run_tree(tree, files, ["stock"], tmp_path / "out", timeout=30, keyword="pass")
+    assert [r.status for r in run.results] == ["pass"]
+    cached = {p.name.split(".")[0] for p in cache.rglob("*.pyc")}
+    assert {"tpu_synthetic_test", "synthetic_test_util", "api"} <= cached  # the tree's, jax's
+    assert not list(root.rglob("__pycache__"))
+
+
 def test_cli_usage_error_on_a_missing_tree(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
