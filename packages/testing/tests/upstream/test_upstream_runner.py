@@ -13,8 +13,10 @@ from coremesh.testing import cli
 from coremesh.testing.upstream import report
 from coremesh.testing.upstream.events import Status, TestResult
 from coremesh.testing.upstream.run import (
+    XLA_CPU_LEVEL,
     FileRun,
     Mode,
+    child_environment,
     last_seconds,
     run_tree,
     select_files,
@@ -167,6 +169,19 @@ def test_children_keep_bytecode_out_of_the_tree_even_where_it_is_turned_off(
     cached = {p.name.split(".")[0] for p in cache.rglob("*.pyc")}
     assert {"tpu_synthetic_test", "synthetic_test_util", "api"} <= cached  # the tree's, jax's
     assert not list(root.rglob("__pycache__"))
+
+
+def test_children_compile_at_xla_cpu_level_1_unless_the_user_chose_a_level(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4 --xla_dump_to=d")
+    flags = child_environment("sim", "tpu_x_test.py")["XLA_FLAGS"].split()
+    assert sorted(flags) == sorted(
+        ["--xla_dump_to=d", XLA_CPU_LEVEL, "--xla_force_host_platform_device_count=16"]
+    )
+    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=3")
+    flags = child_environment("stock", "tpu_x_test.py")["XLA_FLAGS"].split()
+    assert [f for f in flags if "optimization_level" in f] == ["--xla_backend_optimization_level=3"]
 
 
 def test_cli_usage_error_on_a_missing_tree(
