@@ -56,8 +56,8 @@ TARGET = 0.9
 
 def counted(run: FileRun) -> tuple[int, int, int]:
     """(passes, tests, tests left out) of ``run`` for the pass rate: the tests counted are those
-    neither skipped nor failing on what only a TPU compile gives (:mod:`.beyond_cpu`; such a
-    test that passes, as some of their parameterizations do, counts as a pass)."""
+    neither skipped nor failing on what only a TPU compile or device gives (:mod:`.beyond_cpu`;
+    such a test that passes, as some of their parameterizations do, counts as a pass)."""
     passes = tests = out = 0
     for r in run.results:
         if _left_out(r):
@@ -107,7 +107,7 @@ def markdown(
     head += [f"{MODE_TITLES[m]} {'/'.join(STATUSES)}" for m in modes]
     head += [f"{MODE_TITLES[m]} s" for m in modes]
     if "sim" in modes:
-        head += ["needs a TPU compile", "simulator pass rate"]
+        head += ["needs a TPU compile or device", "simulator pass rate"]
     lines = [
         f"JAX test tree {tree.label} on jax {jax_version}",
         "",
@@ -151,8 +151,8 @@ def markdown(
             if n and p < TARGET * n
         ]
         lines.append(
-            f"simulator: {passes} of the {tests} tests neither skipped nor needing a TPU compile "
-            f"({out} left out) pass ({_rate(passes, tests)}); files under "
+            f"simulator: {passes} of the {tests} tests neither skipped nor needing a TPU "
+            f"compile or device ({out} left out) pass ({_rate(passes, tests)}); files under "
             f"{TARGET:.0%}: {', '.join(under) or 'none'}"
         )
     if wall_s is not None:
