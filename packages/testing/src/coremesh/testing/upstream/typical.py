@@ -2,7 +2,7 @@
 several jobs starts the longest files first (with none of its own timings it would start them
 in name order, and one of 40 minutes started last runs alone at the end).
 
-Measured on 2 shared CPUs, 2026-12-03 and 04 (jax 0.12.0.1 with the ``jax-post-0.11.0/`` tree;
+Measured on 2 CPUs in one whole run, 2026-12-04 (jax 0.12.0.1 with the ``jax-post-0.11.0/`` tree;
 ``tpu_pallas_mpmd_test``, which that jax cannot import, on jax 0.10.2): an order, not a
 promise. The table an earlier run left in ``--out`` takes precedence, and files not named here
 (a newer tree's) still start first of all.
@@ -14,35 +14,35 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 #: Seconds of the simulator's run of each file (whole file, one process per file, 120 s per
-#: test), as the testing README's table of jax 0.12.0.1 records them.
+#: test, two files at a time), as the testing README's table of jax 0.12.0.1 records them.
 SIM_SECONDS: Mapping[str, float] = {
-    "tpu_paged_attention_kernel_test.py": 2400,
-    "tpu_splash_attention_kernel_test.py": 2030,
-    "tpu_pallas_test.py": 1671,
-    "tpu_pallas_pipeline_test.py": 1134,
-    "tpu_ragged_paged_attention_test.py": 1031,
-    "tpu_gmm_test.py": 754,
-    "tpu_fusible_matmul_test.py": 633,
-    "tpu_sparsecore_pallas_test.py": 309,
-    "tpu_ops_test.py": 301,
-    "tpu_splash_attention_kernel_sharded_test.py": 145,
-    "tpu_pallas_interpret_distributed_test.py": 91,
-    "tpu_fusible_matmul_with_stateful_fusions_test.py": 52,
-    "tpu_pallas_interpret_test.py": 33,
-    "tpu_pallas_random_test.py": 33,
-    "tpu_pallas_distributed_test.py": 32,
-    "tpu_all_gather_test.py": 31,
+    "tpu_paged_attention_kernel_test.py": 4276,
+    "tpu_splash_attention_kernel_test.py": 2243,
+    "tpu_pallas_test.py": 1607,
+    "tpu_pallas_pipeline_test.py": 400,
+    "tpu_ragged_paged_attention_test.py": 736,
+    "tpu_gmm_test.py": 613,
+    "tpu_fusible_matmul_test.py": 816,
+    "tpu_sparsecore_pallas_test.py": 208,
+    "tpu_ops_test.py": 221,
+    "tpu_splash_attention_kernel_sharded_test.py": 202,
+    "tpu_pallas_interpret_distributed_test.py": 53,
+    "tpu_fusible_matmul_with_stateful_fusions_test.py": 53,
+    "tpu_pallas_interpret_test.py": 37,
+    "tpu_pallas_random_test.py": 31,
+    "tpu_pallas_distributed_test.py": 14,
+    "tpu_all_gather_test.py": 36,
     "tpu_pallas_async_test.py": 17,
-    "tpu_sparsecore_pallas_distributed_test.py": 16,
-    "tpu_splash_attention_mask_test.py": 15,
-    "tpu_side_effects_test.py": 14,
-    "tpu_pallas_state_test.py": 13,
-    "tpu_pallas_memory_space_test.py": 10,
-    "tpu_trace_value_test.py": 8,
-    "tpu_info_test.py": 6,
-    "tpu_pallas_call_print_test.py": 4,
-    "tpu_pallas_interpret_thread_map_test.py": 4,
-    "tpu_sparsecore_pallas_debug_check_test.py": 4,
+    "tpu_sparsecore_pallas_distributed_test.py": 5,
+    "tpu_splash_attention_mask_test.py": 12,
+    "tpu_side_effects_test.py": 4,
+    "tpu_pallas_state_test.py": 8,
+    "tpu_pallas_memory_space_test.py": 11,
+    "tpu_trace_value_test.py": 4,
+    "tpu_info_test.py": 3,
+    "tpu_pallas_call_print_test.py": 2,
+    "tpu_pallas_interpret_thread_map_test.py": 2,
+    "tpu_sparsecore_pallas_debug_check_test.py": 2,
     "tpu_pallas_mpmd_test.py": 66,
 }
 
