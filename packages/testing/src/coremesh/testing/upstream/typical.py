@@ -1,6 +1,6 @@
 """How long each file of JAX's TPU test tree takes on the simulator, so that a first run with
 several jobs starts the longest files first (with none of its own timings it would start them
-in name order, and one of 40 minutes started last runs alone at the end).
+in name order, and one of 70 minutes started last runs alone at the end).
 
 Measured on 2 CPUs in one whole run, 2026-12-04 (jax 0.12.0.1 with the ``jax-post-0.11.0/`` tree;
 ``tpu_pallas_mpmd_test``, which that jax cannot import, on jax 0.10.2): an order, not a
@@ -19,31 +19,31 @@ SIM_SECONDS: Mapping[str, float] = {
     "tpu_paged_attention_kernel_test.py": 4276,
     "tpu_splash_attention_kernel_test.py": 2243,
     "tpu_pallas_test.py": 1607,
-    "tpu_pallas_pipeline_test.py": 400,
+    "tpu_fusible_matmul_test.py": 816,
     "tpu_ragged_paged_attention_test.py": 736,
     "tpu_gmm_test.py": 613,
-    "tpu_fusible_matmul_test.py": 816,
-    "tpu_sparsecore_pallas_test.py": 208,
+    "tpu_pallas_pipeline_test.py": 400,
     "tpu_ops_test.py": 221,
+    "tpu_sparsecore_pallas_test.py": 208,
     "tpu_splash_attention_kernel_sharded_test.py": 202,
+    "tpu_pallas_mpmd_test.py": 66,
     "tpu_pallas_interpret_distributed_test.py": 53,
     "tpu_fusible_matmul_with_stateful_fusions_test.py": 53,
     "tpu_pallas_interpret_test.py": 37,
-    "tpu_pallas_random_test.py": 31,
-    "tpu_pallas_distributed_test.py": 14,
     "tpu_all_gather_test.py": 36,
+    "tpu_pallas_random_test.py": 31,
     "tpu_pallas_async_test.py": 17,
-    "tpu_sparsecore_pallas_distributed_test.py": 5,
+    "tpu_pallas_distributed_test.py": 14,
     "tpu_splash_attention_mask_test.py": 12,
-    "tpu_side_effects_test.py": 4,
-    "tpu_pallas_state_test.py": 8,
     "tpu_pallas_memory_space_test.py": 11,
+    "tpu_pallas_state_test.py": 8,
+    "tpu_sparsecore_pallas_distributed_test.py": 5,
+    "tpu_side_effects_test.py": 4,
     "tpu_trace_value_test.py": 4,
     "tpu_info_test.py": 3,
     "tpu_pallas_call_print_test.py": 2,
     "tpu_pallas_interpret_thread_map_test.py": 2,
     "tpu_sparsecore_pallas_debug_check_test.py": 2,
-    "tpu_pallas_mpmd_test.py": 66,
 }
 
 
