@@ -12,6 +12,7 @@ import pytest
 from coremesh.testing import cli
 from coremesh.testing.upstream import report
 from coremesh.testing.upstream.events import Status, TestResult
+from coremesh.testing.upstream.parts import WHOLE, Part, deal, last_tests, plan
 from coremesh.testing.upstream.run import (
     XLA_CPU_LEVEL,
     FileRun,
@@ -388,7 +389,10 @@ def test_with_several_jobs_the_files_that_took_longest_last_time_start_first(
     pairs: list[tuple[Path, Mode]] = [(a, "sim"), (a, "stock"), (b, "sim"), (b, "stock")]
     timed = {("tpu_a_test.py", "sim"): 5.0, ("tpu_b_test.py", "sim"): 50.0}
     timed[("tpu_a_test.py", "stock")] = 7.0
-    assert start_order(pairs, timed) == [(b, "stock"), (b, "sim"), (a, "stock"), (a, "sim")]
+    whole = [(pair, WHOLE) for pair in pairs]
+    assert [u[0] for u in start_order(whole, timed)] == [
+        (b, "stock"), (b, "sim"), (a, "stock"), (a, "sim")
+    ]  # fmt: skip
     assert last_seconds(tmp_path / "missing.json") == {}
 
 
@@ -406,7 +410,12 @@ def test_a_first_run_orders_the_files_jax_s_tree_is_known_to_take_longest_first(
     assert (new.name, "sim") not in typical
     pairs: list[tuple[Path, Mode]] = [(ops, "sim"), (paged, "sim"), (new, "sim")]
     assert SIM_SECONDS[paged.name] > SIM_SECONDS[ops.name]
-    assert start_order(pairs, typical) == [(new, "sim"), (paged, "sim"), (ops, "sim")]
+    whole = [(pair, WHOLE) for pair in pairs]
+    assert [u[0] for u in start_order(whole, typical)] == [
+        (new, "sim"),
+        (paged, "sim"),
+        (ops, "sim"),
+    ]
 
 
 def test_the_pass_rate_leaves_out_skips_and_tests_that_read_a_tpu_compile(tmp_path: Path) -> None:
@@ -462,3 +471,96 @@ def test_the_tables_are_written_as_each_file_finishes(
     ]
     (table,) = [p.read_text() for p in out.glob("upstream-jax-*.md")]
     assert "| tpu_synthetic_test | 1 | 1/0/0/0/0 |" in table
+
+
+# A long file split across processes ------------------------------------------------------
+
+
+def test_tests_are_dealt_into_hands_of_about_equal_seconds() -> None:
+    tests = [("t1", 9.0), ("t2", 1.0), ("t3", 5.0), ("t4", 4.0), ("t5", 1.0)]
+    # longest first to the lightest hand: t1 -> A (9), t3 -> B (5), t4 -> B (9), then
+    # t2 -> A (10) and t5 -> B (10), each hand in the file's order
+    assert deal(tests, 2) == [["t1", "t2"], ["t3", "t4", "t5"]]
+    assert deal(tests, 1) == [["t1", "t2", "t3", "t4", "t5"]]
+
+
+def test_only_a_file_longer_than_its_share_is_split_and_the_last_part_takes_the_rest() -> None:
+    timed = {
+        ("long", "sim"): [(f"long::t{k}", 10.0) for k in range(6)],
+        ("short", "sim"): [("short::t0", 5.0)],
+    }
+    seconds = {("long", "sim"): 60.0, ("short", "sim"): 5.0, ("mid", "sim"): 15.0}
+    keys = list(seconds)
+    # 80 s over 4 jobs is a share of 20 s: the long file is 3 shares, the others whole
+    parts = plan(keys, seconds, timed, jobs=4)
+    assert parts[("short", "sim")] == [Part(0, 1, seconds=5.0)]
+    assert parts[("mid", "sim")] == [Part(0, 1, seconds=15.0)]
+    first, second, last = parts[("long", "sim")]
+    assert first.only == frozenset({"long::t0", "long::t3"}) and first.seconds == 20.0
+    assert second.only == frozenset({"long::t1", "long::t4"})
+    assert last.only is None and last.others == first.only | second.only
+    assert [p.suffix for p in parts[("long", "sim")]] == [".part1of3", ".part2of3", ".part3of3"]
+    # one job, or no timed tests: nothing is split
+    assert all(len(v) == 1 for v in plan(keys, seconds, timed, jobs=1).values())
+    assert all(len(v) == 1 for v in plan(keys, seconds, {}, jobs=4).values())
+
+
+SPLIT = """
+import unittest
+
+
+class SplitTest(unittest.TestCase):
+
+  def test_a(self):
+    pass
+
+  def test_b(self):
+    pass
+
+  def test_c(self):
+    self.assertEqual(1, 2)
+
+  def test_d(self):
+    pass
+
+  def test_new(self):
+    pass
+"""
+
+
+def test_a_split_file_runs_each_test_once_and_reports_one_row(tmp_path: Path) -> None:
+    """The last run timed four of the tests; a fifth is new. Split in two, every test runs
+    once, the new one in the last part, and the file is one run of two processes."""
+    tree, files = _one_file(tmp_path, "tpu_split_test", SPLIT)
+    (split,) = [f for f in files if f.name == "tpu_split_test.py"]
+    name = split.name
+    nodeids = [f"{name}::SplitTest::test_{n}" for n in "abcd"]
+    # the node ids as the shims write them: take them from a whole run
+    (whole,) = run_tree(tree, [split], ["stock"], tmp_path / "whole", timeout=60)
+    ids = {r.nodeid.rsplit("::", 1)[-1]: r.nodeid for r in whole.results}
+    assert sorted(ids) == ["test_a", "test_b", "test_c", "test_d", "test_new"]
+    timed = {(name, "stock"): [(ids[n.rsplit("::", 1)[-1]], 1.0) for n in nodeids]}
+    seconds = {(name, "stock"): 100.0}
+    seen: list[FileRun] = []
+    runs = run_tree(
+        tree, [split], ["stock"], tmp_path / "out", timeout=60, jobs=2,
+        previous_seconds=seconds, previous_tests=timed, progress=seen.append,
+    )  # fmt: skip
+    (run,) = runs
+    assert seen == runs
+    assert run.processes == 2
+    outcomes = {r.nodeid.rsplit("::", 1)[-1]: r.status for r in run.results}
+    assert outcomes == {"test_a": "pass", "test_b": "pass", "test_c": "fail", "test_d": "pass",
+                        "test_new": "pass"}  # fmt: skip
+    assert len(run.results) == 5
+    assert [r.nodeid for r in run.results][:4] == [
+        ids[n] for n in ("test_a", "test_b", "test_c", "test_d")
+    ]
+    logs = sorted(p.name for p in (tmp_path / "out" / "logs" / "stock").iterdir())
+    assert logs == ["tpu_split_test.part1of2.log", "tpu_split_test.part2of2.log"]
+    # the next run reads each test's seconds back from the table
+    table = tmp_path / "out" / "table.json"
+    table.write_text(report.to_json(runs, tree, "0.0"))
+    back = last_tests(table)[(name, "stock")]
+    assert sorted(n for n, _ in back) == sorted(ids.values())
+    assert last_tests(tmp_path / "missing.json") == {}

@@ -11,6 +11,7 @@ from typing import TextIO
 from coremesh.core import jax_versions
 from coremesh.testing.upstream import guide_report, guides, report
 from coremesh.testing.upstream.guide_run import GuideRun, run_guide
+from coremesh.testing.upstream.parts import last_tests
 from coremesh.testing.upstream.run import (
     DEFAULT_GLOB,
     FileRun,
@@ -71,7 +72,8 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
         default=1,
         metavar="N",
         help="test files (each in its own pytest, per mode) run N at a time (default 1; "
-        "each uses about one CPU)",
+        "each uses about one CPU); a file that took longer last time than the run's seconds "
+        "over N is split across up to N processes by its tests' last seconds",
     )
     sp.add_argument(
         "--memory-limit",
@@ -166,6 +168,7 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         memory_limit=_memory_limit(args.memory_limit, args.jobs),
         give_up=args.give_up or None,
         previous_seconds=last,
+        previous_tests=last_tests(table_json),
     )
     table = _write_tables(out, runs, tree, version, wall_s=time.perf_counter() - started)
     stdout.write(table)

@@ -27,6 +27,7 @@ from typing import Literal
 from coremesh.core.errors import CoremeshError
 from coremesh.testing.upstream.events import STATUSES, Status, TestResult, first_line, read_events
 from coremesh.testing.upstream.needs import most_devices
+from coremesh.testing.upstream.parts import WHOLE, Part, Timed, merged, plan
 from coremesh.testing.upstream.tree import TestTree
 
 Mode = Literal["sim", "stock"]
@@ -134,15 +135,19 @@ def child_command(
     ini: Path,
     keyword: str | None = None,
     only: Sequence[str] = (),
+    only_file: Path | None = None,
     python: str = sys.executable,
 ) -> list[str]:
-    """The child's pytest command line; ``only``: node ids of ``file`` to run (default all)."""
+    """The child's pytest command line; ``only``: node ids of ``file`` to run (default all);
+    ``only_file``: a file of node ids to run, those the file no longer has ignored."""
     targets = [f"{file}::{nodeid.split('::', 1)[1]}" for nodeid in only] or [str(file)]
     cmd = [python, "-m", "pytest", *targets, "-c", str(ini), "--rootdir", str(tree.tests)]
     cmd += ["-p", "coremesh.testing.upstream.shims", "-p", "no:cacheprovider", "-q"]
     cmd += [f"--timeout={timeout:g}", "--timeout-method=thread"]
     cmd += ["--upstream-mode", mode, "--upstream-tree", str(tree.root)]
     cmd += ["--upstream-events", str(events), "--upstream-done", str(done)]
+    if only_file is not None:
+        cmd += ["--upstream-only", str(only_file)]
     if mode == "stock":
         cmd += ["-p", "no:coremesh"]  # stock jax: no simulator, no host-device arrangement
     if keyword:
@@ -207,17 +212,23 @@ def run_file(
     python: str = sys.executable,
     memory_limit: int | None = None,
     give_up: int | None = None,
+    part: Part = WHOLE,
 ) -> FileRun:
-    """Every test of ``file`` in ``mode``, restarting the child after a hang, a crash or going
-    over ``memory_limit`` bytes; after ``give_up`` hangs in a row, the rest is left unrun (stock
-    interpret mode deadlocks on whole files: 859 tests of 180 s would take 43 hours)."""
+    """Every test of ``file`` in ``mode`` (of ``part`` of it), restarting the child after a hang,
+    a crash or going over ``memory_limit`` bytes; after ``give_up`` hangs in a row, the rest is
+    left unrun (stock interpret mode deadlocks on whole files: 859 tests of 180 s would take 43
+    hours)."""
     work = Path(out_dir) / "work" / mode
     logs = Path(out_dir) / "logs" / mode
     work.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)
     ini = Path(out_dir) / "work" / "pytest.ini"
     ini.write_text("[pytest]\n")
-    stem = file.stem
+    stem = file.stem + part.suffix
+    only_file = None
+    if part.only is not None:
+        only_file = work / f"{stem}.only"
+        only_file.write_text("\n".join(sorted(part.only)) + "\n")
     log_path, events, done_path = (
         logs / f"{stem}.log",
         work / f"{stem}.events",
@@ -225,7 +236,7 @@ def run_file(
     )
     log_path.write_text("")
     run = FileRun(file.name, mode)
-    done: list[str] = []
+    done: list[str] = sorted(part.others)
     started = time.perf_counter()
     env = child_environment(mode, file.name)
     while True:
@@ -233,7 +244,7 @@ def run_file(
         events.unlink(missing_ok=True)
         cmd = child_command(
             tree, file, mode, timeout=timeout, events=events, done=done_path, ini=ini,
-            keyword=keyword, only=only, python=python,
+            keyword=keyword, only=only, only_file=only_file, python=python,
         )  # fmt: skip
         offset = log_path.stat().st_size
         with log_path.open("ab") as log:
@@ -311,13 +322,16 @@ def run_tree(
     memory_limit: int | None = None,
     give_up: int | None = None,
     previous_seconds: Mapping[tuple[str, str], float] | None = None,
+    previous_tests: Timed | None = None,
 ) -> list[FileRun]:
-    """Each file in each mode, ``jobs`` (file, mode) runs at a time; the result in file, then
-    mode, order; ``progress`` hears of each as it finishes. ``only``: per file name, the node ids
+    """Each file in each mode, ``jobs`` processes at a time; the result in file, then mode,
+    order; ``progress`` hears of each as it finishes. ``only``: per file name, the node ids
     to run (a subset); files it does not name run whole. ``give_up`` applies to stock runs.
     ``previous_seconds``: how long each (file name, mode) took last time (:func:`last_seconds`);
     with several jobs the longest start first (files not timed before first of all), so a long
-    file does not start last and run alone."""
+    file does not start last and run alone. ``previous_tests``: each test's seconds last time
+    (:func:`~coremesh.testing.upstream.parts.last_tests`); with several jobs a file longer than
+    its share is split across processes (:mod:`~coremesh.testing.upstream.parts`)."""
     if not files:
         raise CoremeshError(
             f"no test files selected in {tree.tests}",
@@ -326,11 +340,22 @@ def run_tree(
     if jobs < 1:
         raise CoremeshError(f"--jobs {jobs}", rule="at least one run at a time", fix="--jobs 1")
     pairs = [(file, mode) for file in files for mode in modes]
-    order = start_order(pairs, previous_seconds or {}) if jobs > 1 else pairs
+    last = previous_seconds or {}
+    names = [(f.name, str(m)) for f, m in pairs]
+    split: dict[tuple[str, str], list[Part]] = (
+        plan(names, last, previous_tests, jobs)
+        if jobs > 1 and previous_tests and not only and not keyword
+        else {}
+    )
+    units = [(pair, part) for pair in pairs for part in split.get((pair[0].name, pair[1]), [WHOLE])]
+    if jobs > 1:
+        units = start_order(units, last)
     lock = threading.Lock()
+    pieces: dict[tuple[Path, Mode], list[FileRun]] = {pair: [] for pair in pairs}
+    runs: dict[tuple[Path, Mode], FileRun] = {}
 
-    def one(pair: tuple[Path, Mode]) -> FileRun:
-        file, mode = pair
+    def one(unit: tuple[tuple[Path, Mode], Part]) -> None:
+        (file, mode), part = unit
         run = run_file(
             tree,
             file,
@@ -343,25 +368,59 @@ def run_tree(
             memory_limit=memory_limit,
             # A simulator run's hang is a slow test (its deadlocks raise): it never gives up.
             give_up=give_up if mode == "stock" else None,
+            part=part,
         )
-        if progress is not None:
-            with lock:
-                progress(run)
-        return run
+        with lock:
+            got = pieces[(file, mode)]
+            got.append(run)
+            if len(got) < part.count:
+                return
+            order = [t for t, _ in (previous_tests or {}).get((file.name, mode), ())]
+            whole = runs[(file, mode)] = _joined(got, order)
+            if progress is not None:
+                progress(whole)
 
     if jobs == 1:
-        return [one(pair) for pair in pairs]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        done = dict(zip(order, pool.map(one, order), strict=True))
-    return [done[pair] for pair in pairs]
+        for unit in units:
+            one(unit)
+    else:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(one, units))
+    return [runs[pair] for pair in pairs]
+
+
+def _joined(pieces: Sequence[FileRun], order: Sequence[str]) -> FileRun:
+    """One file's run from its parts' runs: their tests, job seconds and processes added."""
+    if len(pieces) == 1:
+        return pieces[0]
+    first = pieces[0]
+    ran = [p for p in pieces if p.not_run is None]
+    out = FileRun(first.file, first.mode)
+    out.results = merged([p.results for p in pieces], order)
+    out.elapsed_s = sum(p.elapsed_s for p in pieces)
+    out.processes = sum(p.processes for p in pieces)
+    out.unrun = sum(p.unrun for p in pieces)
+    notes = [p.gave_up for p in pieces if p.gave_up]
+    notes += [f"a part did not run: {p.not_run}" for p in pieces if p.not_run is not None]
+    if not ran:
+        out.not_run = first.not_run
+    elif notes:
+        out.gave_up = "; ".join(notes)
+    return out
 
 
 def start_order(
-    pairs: Sequence[tuple[Path, Mode]], last: Mapping[tuple[str, str], float]
-) -> list[tuple[Path, Mode]]:
-    """``pairs`` longest first by ``last`` (seconds per file name and mode), those it does not
+    units: Sequence[tuple[tuple[Path, Mode], Part]], last: Mapping[tuple[str, str], float]
+) -> list[tuple[tuple[Path, Mode], Part]]:
+    """``units`` (a file in a mode, and a part of it) longest first: a part of a split file by
+    its own seconds, a whole file by ``last`` (seconds per file name and mode), those it does not
     time before all of them; ties keep their order."""
-    return sorted(pairs, key=lambda p: -last.get((p[0].name, p[1]), float("inf")))
+
+    def took(unit: tuple[tuple[Path, Mode], Part]) -> float:
+        (file, mode), part = unit
+        return part.seconds if part.count > 1 else last.get((file.name, mode), float("inf"))
+
+    return sorted(units, key=lambda u: -took(u))
 
 
 def last_seconds(table: Path) -> dict[tuple[str, str], float]:

@@ -40,6 +40,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--upstream-done", default=None, help="file of node ids already run (not run again)"
     )
+    group.addoption(
+        "--upstream-only",
+        default=None,
+        help="file of the node ids to run (the others are another process's; ids the file "
+        "no longer has are ignored)",
+    )
 
 
 class _State:
@@ -52,6 +58,8 @@ class _State:
         self.events = EventWriter(Path(events)) if events else None
         done = config.getoption("--upstream-done")
         self.done = set(Path(done).read_text().split()) if done else set()
+        only = config.getoption("--upstream-only")
+        self.only = set(Path(only).read_text().split()) if only else None
         self.status: dict[str, tuple[Status, str]] = {}
         self.started: dict[str, float] = {}
 
@@ -102,9 +110,14 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     state = _state(config)
-    keep = [i for i in items if i.nodeid not in state.done]
+    keep = [
+        i
+        for i in items
+        if i.nodeid not in state.done and (state.only is None or i.nodeid in state.only)
+    ]
     if len(keep) != len(items):
-        config.hook.pytest_deselected(items=[i for i in items if i.nodeid in state.done])
+        kept = {id(i) for i in keep}
+        config.hook.pytest_deselected(items=[i for i in items if id(i) not in kept])
         items[:] = keep
     state.write("collected", nodeids=[i.nodeid for i in items])
     if items:  # after collection, so a file whose imports fail never starts jax here
