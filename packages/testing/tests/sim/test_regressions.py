@@ -129,6 +129,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "subcore_barrier",  # test_subcore_barrier.py
         "fetch_and_add",  # test_fetch_and_add.py
         "mpmd_kernels",  # test_mpmd.py
+        "out_memory_kinds",
         "closed_scalars",
         "own_interpret_params",  # tests/sim/test_own_interpret_params.py
         "compile_cache",
@@ -778,3 +779,35 @@ def test_grid_bound_arrays() -> None:
     with simulate("v5p", 1):
         np.testing.assert_array_equal(np.asarray(jax.jit(count_steps)(n)), [5])
         np.testing.assert_array_equal(np.asarray(jax.jit(count_steps)(jnp.int32(3))), [3])
+
+
+# out_memory_kinds -------------------------------------------------------------------------
+
+
+def copy_to_pinned_host(x: Any) -> Any:
+    """A kernel's copy as the result of a jit whose out_shardings put it in pinned host memory
+    (JAX's test_basic_output_memory_space_constraint with pl.HOST, on one device)."""
+
+    def kernel(x_ref: Any, y_ref: Any) -> None:
+        y_ref[...] = x_ref[...] * 2
+
+    sharding = jax.sharding.NamedSharding(
+        jax.sharding.Mesh(jax.devices()[:1], "x"),
+        jax.sharding.PartitionSpec(),
+        memory_kind="pinned_host",
+    )
+    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))
+    return jax.jit(call, out_shardings=sharding)(x)
+
+
+def test_out_memory_kinds() -> None:
+    x = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128)
+    with (
+        simulate("v5p", 1, disable_patches=["out_memory_kinds"]),
+        pytest.raises(ValueError, match="safe_zip"),
+    ):
+        copy_to_pinned_host(x)
+    with simulate("v5p", 1):
+        y = copy_to_pinned_host(x)
+        assert y.sharding.memory_kind == "pinned_host"
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(x) * 2)

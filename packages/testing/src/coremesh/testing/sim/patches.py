@@ -271,6 +271,29 @@ def _io_callback_targets() -> list[tuple[Any, str, Any]]:
     return [(callback, "io_callback_impl", io_callback_impl)]
 
 
+def _out_memory_kinds_targets() -> list[tuple[Any, str, Any]]:
+    from jax._src.interpreters import mlir
+
+    orig = mlir.lower_jaxpr_to_fun
+
+    def lower_jaxpr_to_fun(
+        ctx: Any, name: str, jaxpr: Any, effects: Any, *args: Any, **kw: Any
+    ) -> Any:
+        # The effects' tokens lead the results: upstream puts a None memory kind before the
+        # result_memory_kinds for each, and here before the propagated ones too.
+        propagated, kinds = kw.get("propagated_out_mem_kinds"), kw.get("result_memory_kinds")
+        if (
+            effects
+            and propagated is not None
+            and kinds is not None
+            and len(propagated) == len(kinds)
+        ):
+            kw["propagated_out_mem_kinds"] = (None,) * len(effects) + tuple(propagated)
+        return orig(ctx, name, jaxpr, effects, *args, **kw)
+
+    return [(mlir, "lower_jaxpr_to_fun", lower_jaxpr_to_fun)]
+
+
 def _split_target(target: Any, default_core: int) -> tuple[int | None, int]:
     """(device, core) of a DMA or signal target: a logical id, or a (device, core) pair."""
     if target is None:
@@ -1201,6 +1224,14 @@ PATCHES: tuple[Patch, ...] = (
         "makes it pltpu.bitcast(x, dtype, dim=-1), which the interpreter runs",
         _sparsecore_bitcast_targets,
         fixed_in="0.12.0",
+    ),
+    Patch(
+        "out_memory_kinds",
+        "a jit whose out_shardings name a memory kind (pinned_host) fails to lower around an "
+        "ordered io_callback, as every interpreted kernel is: 'safe_zip() argument 1 has length "
+        "2 but argument 0 has length 1' (mlir.py lower_jaxpr_to_fun puts the effect tokens' "
+        "memory kinds before result_memory_kinds, not before propagated_out_mem_kinds)",
+        _out_memory_kinds_targets,
     ),
     Patch(
         "mpmd_kernels",
