@@ -130,6 +130,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "fetch_and_add",  # test_fetch_and_add.py
         "mpmd_kernels",  # test_mpmd.py
         "out_memory_kinds",
+        "host_memory_space",
         "closed_scalars",
         "own_interpret_params",  # tests/sim/test_own_interpret_params.py
         "compile_cache",
@@ -811,3 +812,47 @@ def test_out_memory_kinds() -> None:
         y = copy_to_pinned_host(x)
         assert y.sharding.memory_kind == "pinned_host"
         np.testing.assert_array_equal(np.asarray(y), np.asarray(x) * 2)
+
+
+# host_memory_space ------------------------------------------------------------------------
+
+
+def copy_hbm_to_host(x: Any) -> Any:
+    """JAX's test_hbm_to_host_host_output_dma: a DMA from HBM into a result in host memory."""
+
+    def kernel(x_hbm: Any, y_host: Any) -> None:
+        def body(sem: Any) -> None:
+            pltpu.async_copy(x_hbm, y_host, sem).wait()
+
+        pl.run_scoped(body, pltpu.SemaphoreType.DMA)
+
+    sharding = jax.sharding.NamedSharding(
+        jax.sharding.Mesh(jax.devices()[:1], "x"),
+        jax.sharding.PartitionSpec(),
+        memory_kind="pinned_host",
+    )
+    if jax_versions.at_least("0.11.0"):  # the trees spell the result so
+        out_shape = pl.MemoryRef(jax.core.ShapedArray(x.shape, x.dtype), pl.HOST)
+    else:
+        out_shape = pl.HOST(shape=x.shape, dtype=x.dtype)
+    call = pl.pallas_call(
+        kernel,
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pl.HOST),
+        out_shape=out_shape,
+    )
+    return jax.jit(call, out_shardings=sharding)(x)
+
+
+def test_host_memory_space() -> None:
+    x = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128)
+    with simulate("v5p", 1, disable_patches=["host_memory_space"]):
+        if patch("host_memory_space").needed():
+            with pytest.raises(KeyError, match="host"):
+                copy_hbm_to_host(x)
+        else:  # jax 0.11 gives host memory an index of its own
+            np.testing.assert_array_equal(np.asarray(copy_hbm_to_host(x)), np.asarray(x))
+    with simulate("v5p", 1):
+        y = copy_hbm_to_host(x)
+        assert y.sharding.memory_kind == "pinned_host"
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(x))

@@ -294,6 +294,19 @@ def _out_memory_kinds_targets() -> list[tuple[Any, str, Any]]:
     return [(mlir, "lower_jaxpr_to_fun", lower_jaxpr_to_fun)]
 
 
+def _host_memory_space_targets() -> list[tuple[Any, str, Any]]:
+    from jax._src.pallas import core as pallas_core
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    # As jax 0.11 does (interpret_pallas_call.py "Inject HOST as a memory space"): an index
+    # after the others, named 'host'. New dicts, so uninstalling restores upstream's own.
+    names, idxs = dict(ipc.TPU_MEMORY_SPACE_NAMES), dict(ipc.TPU_MEMORY_SPACE_IDXS)
+    host = len(names)
+    names[host] = "host"
+    idxs[pallas_core.MemorySpace.HOST] = host
+    return [(ipc, "TPU_MEMORY_SPACE_NAMES", names), (ipc, "TPU_MEMORY_SPACE_IDXS", idxs)]
+
+
 def _split_target(target: Any, default_core: int) -> tuple[int | None, int]:
     """(device, core) of a DMA or signal target: a logical id, or a (device, core) pair."""
     if target is None:
@@ -1224,6 +1237,14 @@ PATCHES: tuple[Patch, ...] = (
         "makes it pltpu.bitcast(x, dtype, dim=-1), which the interpreter runs",
         _sparsecore_bitcast_targets,
         fixed_in="0.12.0",
+    ),
+    Patch(
+        "host_memory_space",
+        "a pallas_call operand or result in host memory (pl.HOST: a DMA between HBM and pinned "
+        "host memory) fails in the interpreter with 'KeyError: <MemorySpace.HOST: 'host'>' "
+        "(interpret_pallas_call.py TPU_MEMORY_SPACE_IDXS has no HOST); jax 0.11 adds it",
+        _host_memory_space_targets,
+        fixed_in="0.11.0",
     ),
     Patch(
         "out_memory_kinds",
