@@ -131,6 +131,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "mpmd_kernels",  # test_mpmd.py
         "out_memory_kinds",
         "host_memory_space",
+        "nested_ref_views",
         "closed_scalars",
         "own_interpret_params",  # tests/sim/test_own_interpret_params.py
         "compile_cache",
@@ -856,3 +857,56 @@ def test_host_memory_space() -> None:
         y = copy_hbm_to_host(x)
         assert y.sharding.memory_kind == "pinned_host"
         np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+
+
+# nested_ref_views -------------------------------------------------------------------------
+
+
+def nested_pipelines(x: Any) -> Any:
+    """JAX's test_transformed_refs_as_inputs_nested: two pipelines, the outer over a view of
+    the operand (``x_ref.at[1]``), the inner over the outer's blocks. As emit_pipeline
+    primitives, the inner one's DMAs copy views of views."""
+    out_type = jax.ShapeDtypeStruct(x.shape[1:], x.dtype)
+
+    @pl.kernel(out_type=out_type, mesh=pltpu.create_tensorcore_mesh("core"))
+    def run_kernel(x_ref: Any, o_ref: Any) -> None:
+        def outer_body(outer_x: Any, outer_o: Any) -> None:
+            def inner_body(x: Any, o: Any) -> None:
+                o[...] = x[...] + 1
+
+            pltpu.emit_pipeline(
+                inner_body,
+                grid=(jnp.array(2),),  # a grid size known when it runs
+                in_specs=[pl.BlockSpec((16, 128), lambda i: (0, i))],
+                out_specs=[pl.BlockSpec((16, 128), lambda i: (0, i))],
+                dimension_semantics=(pltpu.PARALLEL,),
+            )(outer_x, outer_o)
+
+        pltpu.emit_pipeline(
+            outer_body,
+            grid=(jnp.array(2),),  # a grid size known when it runs
+            in_specs=[pl.BlockSpec((16, 256), lambda i: (0, i))],
+            out_specs=[pl.BlockSpec((16, 256), lambda i: (0, i))],
+            dimension_semantics=(pltpu.PARALLEL,),  # split between the 2 cores
+        )(x_ref.at[1], o_ref)
+
+    return run_kernel(x)
+
+
+def test_nested_ref_views() -> None:
+    from jax._src import config
+
+    x = jnp.arange(2 * 16 * 512, dtype=jnp.float32).reshape(2, 16, 512)
+    with (
+        simulate("v5p", 1, disable_patches=["nested_ref_views"]),
+        config.use_emit_pipeline_primitive(True),
+    ):
+        if jax_versions.at_least("0.11.0"):
+            with pytest.raises(ValueError, match="__jax_array__"):
+                nested_pipelines(x)
+        else:  # 0.10's primitive is expanded by patch pipeline_primitive, views flattened
+            np.testing.assert_array_equal(np.asarray(nested_pipelines(x)), np.asarray(x)[1] + 1)
+    with simulate("v5p", 1), config.use_emit_pipeline_primitive(True):
+        np.testing.assert_array_equal(np.asarray(nested_pipelines(x)), np.asarray(x)[1] + 1)
+    with simulate("v5p", 1):  # the pipeline traced as Python: views already flat
+        np.testing.assert_array_equal(np.asarray(nested_pipelines(x)), np.asarray(x)[1] + 1)

@@ -307,6 +307,22 @@ def _host_memory_space_targets() -> list[tuple[Any, str, Any]]:
     return [(ipc, "TPU_MEMORY_SPACE_NAMES", names), (ipc, "TPU_MEMORY_SPACE_IDXS", idxs)]
 
 
+def _nested_ref_views_targets() -> list[tuple[Any, str, Any]]:
+    from jax._src import state
+    from jax._src.pallas.mosaic import primitives as mosaic_primitives
+
+    def get_ref_and_transforms(ref: Any) -> tuple[Any, tuple[Any, ...]]:
+        # A view of a view (a pipeline's block of a ref.at[...] view) is a TransformedRef
+        # whose ref is one too: peel every level, the innermost view's transforms first.
+        transforms: tuple[Any, ...] = ()
+        while isinstance(ref, state.TransformedRef):
+            transforms = (*ref.transforms, *transforms)
+            ref = ref.ref
+        return ref, transforms
+
+    return [(mosaic_primitives, "_get_ref_and_transforms", get_ref_and_transforms)]
+
+
 def _split_target(target: Any, default_core: int) -> tuple[int | None, int]:
     """(device, core) of a DMA or signal target: a logical id, or a (device, core) pair."""
     if target is None:
@@ -1245,6 +1261,15 @@ PATCHES: tuple[Patch, ...] = (
         "(interpret_pallas_call.py TPU_MEMORY_SPACE_IDXS has no HOST); jax 0.11 adds it",
         _host_memory_space_targets,
         fixed_in="0.11.0",
+    ),
+    Patch(
+        "nested_ref_views",
+        "a DMA between views of views (an emit_pipeline's blocks of a ref.at[...] view, or of "
+        "an outer pipeline's block) reaches the interpreter's dma_start callback with a "
+        "TransformedRef as its buffer id and fails with 'Triggering __jax_array__() during "
+        "abstractification is no longer supported' (primitives.py _get_ref_and_transforms "
+        "peels one view)",
+        _nested_ref_views_targets,
     ),
     Patch(
         "out_memory_kinds",
