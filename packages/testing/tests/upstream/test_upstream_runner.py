@@ -12,13 +12,12 @@ import pytest
 from coremesh.testing import cli
 from coremesh.testing.upstream import report
 from coremesh.testing.upstream.events import Status, TestResult
-from coremesh.testing.upstream.parts import WHOLE, Part, deal, last_tests, plan
+from coremesh.testing.upstream.file_run import FileRun, Mode
+from coremesh.testing.upstream.last_run import read_last_run
+from coremesh.testing.upstream.parts import WHOLE, Part, deal, plan
 from coremesh.testing.upstream.run import (
     XLA_CPU_LEVEL,
-    FileRun,
-    Mode,
     child_environment,
-    last_seconds,
     run_tree,
     select_files,
     start_order,
@@ -383,7 +382,7 @@ def test_with_several_jobs_the_files_that_took_longest_last_time_start_first(
     runs = run_tree(tree, files, ["stock"], out, timeout=30, keyword="pass", jobs=2)
     table = out / "table.json"
     table.write_text(report.to_json(runs, tree, "0.0"))
-    last = last_seconds(table)
+    last = read_last_run(table).seconds
     assert last == {(r.file, "stock"): pytest.approx(r.elapsed_s, abs=0.01) for r in runs}
     a, b = (Path(f"tpu_{n}_test.py") for n in "ab")
     pairs: list[tuple[Path, Mode]] = [(a, "sim"), (a, "stock"), (b, "sim"), (b, "stock")]
@@ -393,7 +392,7 @@ def test_with_several_jobs_the_files_that_took_longest_last_time_start_first(
     assert [u[0] for u in start_order(whole, timed)] == [
         (b, "stock"), (b, "sim"), (a, "stock"), (a, "sim")
     ]  # fmt: skip
-    assert last_seconds(tmp_path / "missing.json") == {}
+    assert read_last_run(tmp_path / "missing.json").seconds == {}
 
 
 def test_a_first_run_orders_the_files_jax_s_tree_is_known_to_take_longest_first() -> None:
@@ -561,6 +560,6 @@ def test_a_split_file_runs_each_test_once_and_reports_one_row(tmp_path: Path) ->
     # the next run reads each test's seconds back from the table
     table = tmp_path / "out" / "table.json"
     table.write_text(report.to_json(runs, tree, "0.0"))
-    back = last_tests(table)[(name, "stock")]
+    back = read_last_run(table).tests[(name, "stock")]
     assert sorted(n for n, _ in back) == sorted(ids.values())
-    assert last_tests(tmp_path / "missing.json") == {}
+    assert read_last_run(tmp_path / "missing.json").tests == {}

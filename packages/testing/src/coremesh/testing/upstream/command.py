@@ -10,17 +10,10 @@ from typing import TextIO
 
 from coremesh.core import jax_versions
 from coremesh.testing.upstream import guide_report, guides, report
+from coremesh.testing.upstream.file_run import FileRun, Mode
 from coremesh.testing.upstream.guide_run import GuideRun, run_guide
-from coremesh.testing.upstream.parts import last_tests
-from coremesh.testing.upstream.run import (
-    DEFAULT_GLOB,
-    FileRun,
-    Mode,
-    host_memory,
-    last_seconds,
-    run_tree,
-    select_files,
-)
+from coremesh.testing.upstream.last_run import read_last_run
+from coremesh.testing.upstream.run import DEFAULT_GLOB, host_memory, run_tree, select_files
 from coremesh.testing.upstream.subset import Subset, read_subset, subset_file
 from coremesh.testing.upstream.tree import CORPUS_ENV, TestTree, resolve
 from coremesh.testing.upstream.typical import typical_seconds
@@ -144,7 +137,8 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         )
     table_json = out / f"upstream-jax-{version}.json"
     # This machine's last timings, else the typical ones, order the files longest first.
-    last = {**typical_seconds(files, modes), **last_seconds(table_json)}
+    earlier = read_last_run(table_json)
+    last = {**typical_seconds(files, modes), **earlier.seconds}
     started = time.perf_counter()
     done: list[FileRun] = []
 
@@ -168,7 +162,7 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         memory_limit=_memory_limit(args.memory_limit, args.jobs),
         give_up=args.give_up or None,
         previous_seconds=last,
-        previous_tests=last_tests(table_json),
+        previous_tests=earlier.tests,
     )
     table = _write_tables(out, runs, tree, version, wall_s=time.perf_counter() - started)
     stdout.write(table)

@@ -11,13 +11,11 @@ added since then runs once, there. The parts' results make one row of the table.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TypeVar
 
-from coremesh.testing.upstream.events import TestResult
+from coremesh.testing.upstream.file_run import FileRun
 
 #: (test file name, mode) -> [(node id, seconds)] of each test, from an earlier run's table.
 Timed = Mapping[tuple[str, str], Sequence[tuple[str, float]]]
@@ -43,21 +41,6 @@ class Part:
 
 
 WHOLE = Part(0, 1)
-
-
-def last_tests(table: Path) -> dict[tuple[str, str], list[tuple[str, float]]]:
-    """(file name, mode) -> [(node id, seconds)], from a JSON table an earlier run wrote (empty
-    if there is none or it cannot be read)."""
-    try:
-        doc = json.loads(table.read_text())
-        return {
-            (f["file"], f["mode"]): [
-                (t["nodeid"], float(t.get("seconds", 0.0))) for t in f["tests"]
-            ]
-            for f in doc["files"]
-        }
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
 
 
 def deal(tests: Sequence[tuple[str, float]], count: int) -> list[list[str]]:
@@ -104,8 +87,24 @@ def plan(
     return out
 
 
-def merged(results: Sequence[Sequence[TestResult]], order: Sequence[str]) -> list[TestResult]:
-    """The parts' results as one file's: in ``order`` (the last run's), new tests after."""
+def joined(pieces: Sequence[FileRun], order: Sequence[str]) -> FileRun:
+    """One file's run from its parts' runs: their tests in ``order`` (the last run's; new tests
+    after), their job seconds and processes added."""
+    if len(pieces) == 1:
+        return pieces[0]
+    first = pieces[0]
     rank = {nodeid: k for k, nodeid in enumerate(order)}
-    flat = [r for part in results for r in part]
-    return sorted(flat, key=lambda r: rank.get(r.nodeid, len(rank)))
+    out = FileRun(first.file, first.mode)
+    out.results = sorted(
+        (r for p in pieces for r in p.results), key=lambda r: rank.get(r.nodeid, len(rank))
+    )
+    out.elapsed_s = sum(p.elapsed_s for p in pieces)
+    out.processes = sum(p.processes for p in pieces)
+    out.unrun = sum(p.unrun for p in pieces)
+    notes = [p.gave_up for p in pieces if p.gave_up]
+    notes += [f"a part did not run: {p.not_run}" for p in pieces if p.not_run is not None]
+    if all(p.not_run is not None for p in pieces):
+        out.not_run = first.not_run
+    elif notes:
+        out.gave_up = "; ".join(notes)
+    return out

@@ -12,7 +12,7 @@ from typing import Any
 
 from coremesh.testing.upstream import beyond_cpu
 from coremesh.testing.upstream.events import STATUSES
-from coremesh.testing.upstream.run import FileRun
+from coremesh.testing.upstream.file_run import FileRun
 from coremesh.testing.upstream.tree import TestTree
 
 MODE_TITLES = {"sim": "simulator", "stock": "stock interpret"}

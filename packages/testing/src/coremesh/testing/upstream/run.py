@@ -11,7 +11,6 @@ hang in collection, or one pytest-timeout cannot see).
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import fnmatch
 import os
 import re
@@ -25,12 +24,11 @@ from pathlib import Path
 from typing import Literal
 
 from coremesh.core.errors import CoremeshError
-from coremesh.testing.upstream.events import STATUSES, Status, TestResult, first_line, read_events
+from coremesh.testing.upstream.events import Status, TestResult, first_line, read_events
+from coremesh.testing.upstream.file_run import FileRun, Mode
 from coremesh.testing.upstream.needs import most_devices
-from coremesh.testing.upstream.parts import WHOLE, Part, Timed, merged, plan
+from coremesh.testing.upstream.parts import WHOLE, Part, Timed, joined, plan
 from coremesh.testing.upstream.tree import TestTree
-
-Mode = Literal["sim", "stock"]
 
 #: Test files a run takes when not told which.
 DEFAULT_GLOB = "tpu_*_test.py"
@@ -48,36 +46,6 @@ STALL_GRACE_S = 120.0
 
 _TIMEOUT_BANNER = re.compile(r"\+{3,} Timeout \+{3,}")
 _DEVICE_FLAG = re.compile(r"--xla_force_host_platform_device_count=\d+")
-
-
-@dataclasses.dataclass
-class FileRun:
-    """One file run in one mode."""
-
-    file: str
-    mode: Mode
-    results: list[TestResult] = dataclasses.field(default_factory=list)
-    #: Why no test ran (the file's import failed), or None.
-    not_run: str | None = None
-    elapsed_s: float = 0.0
-    #: Child processes started (more than one after a hang or a crash).
-    processes: int = 0
-    #: Tests left unrun because the run gave up on the file (see ``give_up``), and why.
-    unrun: int = 0
-    gave_up: str | None = None
-
-    def counts(self) -> dict[Status, int]:
-        out: dict[Status, int] = dict.fromkeys(STATUSES, 0)
-        for r in self.results:
-            out[r.status] += 1
-        return out
-
-    def summary(self) -> str:
-        if self.not_run is not None:
-            return f"not run: {self.not_run}"
-        c = self.counts()
-        out = f"{len(self.results)} tests: " + ", ".join(f"{c[s]} {s}" for s in STATUSES)
-        return out + (f"; {self.unrun} not run: {self.gave_up}" if self.gave_up else "")
 
 
 def select_files(tree: TestTree, patterns: Sequence[str] = ()) -> list[Path]:
@@ -327,11 +295,11 @@ def run_tree(
     """Each file in each mode, ``jobs`` processes at a time; the result in file, then mode,
     order; ``progress`` hears of each as it finishes. ``only``: per file name, the node ids
     to run (a subset); files it does not name run whole. ``give_up`` applies to stock runs.
-    ``previous_seconds``: how long each (file name, mode) took last time (:func:`last_seconds`);
-    with several jobs the longest start first (files not timed before first of all), so a long
-    file does not start last and run alone. ``previous_tests``: each test's seconds last time
-    (:func:`~coremesh.testing.upstream.parts.last_tests`); with several jobs a file longer than
-    its share is split across processes (:mod:`~coremesh.testing.upstream.parts`)."""
+    ``previous_seconds``: how long each (file name, mode) took last time; with several jobs the
+    longest start first (files not timed before first of all), so a long file does not start
+    last and run alone. ``previous_tests``: each test's seconds last time; with several jobs a
+    file longer than its share is split across processes (:mod:`~.parts`). Both come from
+    :func:`~coremesh.testing.upstream.last_run.read_last_run`."""
     if not files:
         raise CoremeshError(
             f"no test files selected in {tree.tests}",
@@ -341,13 +309,13 @@ def run_tree(
         raise CoremeshError(f"--jobs {jobs}", rule="at least one run at a time", fix="--jobs 1")
     pairs = [(file, mode) for file in files for mode in modes]
     last = previous_seconds or {}
-    names = [(f.name, str(m)) for f, m in pairs]
+    keys = {pair: (pair[0].name, str(pair[1])) for pair in pairs}
     split: dict[tuple[str, str], list[Part]] = (
-        plan(names, last, previous_tests, jobs)
+        plan(list(keys.values()), last, previous_tests, jobs)
         if jobs > 1 and previous_tests and not only and not keyword
         else {}
     )
-    units = [(pair, part) for pair in pairs for part in split.get((pair[0].name, pair[1]), [WHOLE])]
+    units = [(pair, part) for pair in pairs for part in split.get(keys[pair], [WHOLE])]
     if jobs > 1:
         units = start_order(units, last)
     lock = threading.Lock()
@@ -375,8 +343,8 @@ def run_tree(
             got.append(run)
             if len(got) < part.count:
                 return
-            order = [t for t, _ in (previous_tests or {}).get((file.name, mode), ())]
-            whole = runs[(file, mode)] = _joined(got, order)
+            order = [t for t, _ in (previous_tests or {}).get(keys[(file, mode)], ())]
+            whole = runs[(file, mode)] = joined(got, order)
             if progress is not None:
                 progress(whole)
 
@@ -387,26 +355,6 @@ def run_tree(
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
             list(pool.map(one, units))
     return [runs[pair] for pair in pairs]
-
-
-def _joined(pieces: Sequence[FileRun], order: Sequence[str]) -> FileRun:
-    """One file's run from its parts' runs: their tests, job seconds and processes added."""
-    if len(pieces) == 1:
-        return pieces[0]
-    first = pieces[0]
-    ran = [p for p in pieces if p.not_run is None]
-    out = FileRun(first.file, first.mode)
-    out.results = merged([p.results for p in pieces], order)
-    out.elapsed_s = sum(p.elapsed_s for p in pieces)
-    out.processes = sum(p.processes for p in pieces)
-    out.unrun = sum(p.unrun for p in pieces)
-    notes = [p.gave_up for p in pieces if p.gave_up]
-    notes += [f"a part did not run: {p.not_run}" for p in pieces if p.not_run is not None]
-    if not ran:
-        out.not_run = first.not_run
-    elif notes:
-        out.gave_up = "; ".join(notes)
-    return out
 
 
 def start_order(
@@ -421,15 +369,3 @@ def start_order(
         return part.seconds if part.count > 1 else last.get((file.name, mode), float("inf"))
 
     return sorted(units, key=lambda u: -took(u))
-
-
-def last_seconds(table: Path) -> dict[tuple[str, str], float]:
-    """(file name, mode) -> seconds, from a JSON table an earlier run wrote (empty if there is
-    none or it cannot be read)."""
-    import json
-
-    try:
-        doc = json.loads(table.read_text())
-        return {(f["file"], f["mode"]): float(f["elapsed_s"]) for f in doc["files"]}
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
