@@ -132,6 +132,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "out_memory_kinds",
         "host_memory_space",
         "nested_ref_views",
+        "pinned_buffers",
         "closed_scalars",
         "own_interpret_params",  # tests/sim/test_own_interpret_params.py
         "compile_cache",
@@ -910,3 +911,43 @@ def test_nested_ref_views() -> None:
         np.testing.assert_array_equal(np.asarray(nested_pipelines(x)), np.asarray(x)[1] + 1)
     with simulate("v5p", 1):  # the pipeline traced as Python: views already flat
         np.testing.assert_array_equal(np.asarray(nested_pipelines(x)), np.asarray(x)[1] + 1)
+
+
+# pinned_buffers ---------------------------------------------------------------------------
+
+
+@jax.jit
+def add_one_pinned(x: Any) -> Any:
+    """JAX's PinnedBufferTest::test_basic with a kernel that changes the buffer: an array pinned,
+    aliased through a pallas_call that adds one to it in place (HBM -> VMEM -> HBM), unpinned."""
+    from jax._src.state.primitives import pin, unpin
+
+    def kernel(x_hbm: Any, y_hbm: Any) -> None:
+        def body(scratch: Any, sem: Any) -> None:
+            pltpu.async_copy(x_hbm, scratch, sem).wait()
+            scratch[...] = scratch[...] + 1
+            pltpu.async_copy(scratch, y_hbm, sem).wait()
+
+        pl.run_scoped(body, pltpu.VMEM(x_hbm.shape, x_hbm.dtype), pltpu.SemaphoreType.DMA)
+
+    out = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pl.ANY),
+        input_output_aliases={0: 0},
+    )(pin(x))
+    return unpin(out)
+
+
+def test_pinned_buffers() -> None:
+    x = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128)
+    with (
+        simulate("v5p", 1, disable_patches=["pinned_buffers"]),
+        pytest.raises(TypeError, match=r"No xla_shape_handler.*AbstractLinVal"),
+    ):
+        add_one_pinned(x)
+    with simulate("v5p", 1):
+        np.testing.assert_array_equal(np.asarray(add_one_pinned(x)), np.asarray(x) + 1)
+        # no TPU memory colour in the CPU program (JAX's test checks the same)
+        assert '"color"' not in add_one_pinned.lower(x).compile().as_text()

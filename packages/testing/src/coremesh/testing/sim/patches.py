@@ -1098,6 +1098,12 @@ def _fetch_and_add_targets() -> list[tuple[Any, str, Any]]:
     return fetch_and_add.targets()
 
 
+def _pinned_buffers_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import pinned_buffers
+
+    return pinned_buffers.targets()
+
+
 def _dma_add_targets() -> list[tuple[Any, str, Any]]:
     from coremesh.testing.sim import dma_add
 
@@ -1422,6 +1428,14 @@ PATCHES: tuple[Patch, ...] = (
         "ref's buffer id and fails), and the subcores of a kernel without a barrier share one "
         "interpreter core, so another subcore's SMEM does not exist apart",
         _fetch_and_add_targets,
+    ),
+    Patch(
+        "pinned_buffers",
+        "a pinned array (jax._src.state.primitives pin / unpin) aliased through a pallas_call "
+        "fails to lower on the CPU: the interpreter's callback has no XLA shape for it "
+        "('No xla_shape_handler for type: AbstractLinVal'), and pin and unpin lower only for TPU "
+        "(custom calls 'Pin' and 'Unpin' on a memref type)",
+        _pinned_buffers_targets,
     ),
 )
 

@@ -1,0 +1,91 @@
+"""Pinned buffers (``pin`` / ``unpin`` of ``jax._src.state.primitives``) on the simulator.
+
+A jitted program may pin an array (a buffer that stays where it is), hand it to a
+``pallas_call`` that aliases it to a result, and unpin the result. Upstream lowers a pinned value
+for TPU only: its type is a memref (``_linval_to_mlir_type``), ``pin`` and ``unpin`` are the custom
+calls "Pin" and "Unpin", and the interpreter's callback has no XLA shape for the kernel's pinned
+operand ("No xla_shape_handler for type: AbstractLinVal", jax 0.10.2 to 0.12.0.1). On a simulated
+device a pinned value is its array: its type is the array's tensor, ``pin`` and ``unpin`` pass it
+on, and the kernel sees the array, aliased to its result as the program asked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: A table entry that was not there (restoring it removes the entry).
+_ABSENT = object()
+
+
+class TableEntry:
+    """One entry of a jax table (a lowering rule per primitive, an IR type per abstract value),
+    as the attribute ``entry``, so the simulator's patches swap and restore it as they do any
+    attribute."""
+
+    __slots__ = ("_key", "_table")
+
+    def __init__(self, table: dict[Any, Any], key: Any) -> None:
+        object.__setattr__(self, "_table", table)
+        object.__setattr__(self, "_key", key)
+
+    def __getattr__(self, name: str) -> Any:
+        if name != "entry":
+            raise AttributeError(name)
+        return self._table.get(self._key, _ABSENT)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name != "entry":
+            raise AttributeError(name)
+        if value is _ABSENT:
+            self._table.pop(self._key, None)
+        else:
+            self._table[self._key] = value
+
+
+def targets() -> list[tuple[Any, str, Any]]:
+    from jax._src import core
+    from jax._src.interpreters import mlir
+    from jax._src.pallas import pallas_call
+    from jax._src.state import primitives
+    from jax._src.state.types import AbstractLinVal
+
+    array_types = mlir.ir_type_handlers[core.ShapedArray]
+    cpu = mlir._platform_specific_lowerings["cpu"]
+    kernel = cpu.get(pallas_call.pallas_call_p) or mlir._lowerings[pallas_call.pallas_call_p]
+
+    def plain(aval: Any) -> Any:
+        return aval.inner_aval if isinstance(aval, AbstractLinVal) else aval
+
+    def pass_on(ctx: Any, x: Any, **params: Any) -> Any:  # noqa: ARG001 (a lowering rule's form)
+        return [x]
+
+    def lower_pallas_call(ctx: Any, *args: Any, **params: Any) -> Any:
+        avals = (*ctx.avals_in, *(ctx.avals_out or ()))
+        if not any(isinstance(a, AbstractLinVal) for a in avals):
+            return kernel.rule(ctx, *args, **params)
+        inner = ctx.replace(
+            avals_in=[plain(a) for a in ctx.avals_in],
+            avals_out=[plain(a) for a in ctx.avals_out],
+        )
+        out = kernel.rule(inner, *args, **params)
+        if inner.tokens_out is not None:  # the interpreter's ordered callbacks
+            ctx.set_tokens_out(inner.tokens_out)
+        return out
+
+    def entry(rule: Any, inline: bool = True) -> Any:
+        return mlir.LoweringRuleEntry(rule, inline)
+
+    return [
+        (
+            TableEntry(mlir.ir_type_handlers, AbstractLinVal),
+            "entry",
+            lambda aval: array_types(aval.inner_aval),
+        ),
+        (TableEntry(cpu, primitives.pin_p), "entry", entry(pass_on)),
+        (TableEntry(cpu, primitives.unpin_p), "entry", entry(pass_on)),
+        (
+            TableEntry(cpu, pallas_call.pallas_call_p),
+            "entry",
+            entry(lower_pallas_call, kernel.inline),
+        ),
+    ]
