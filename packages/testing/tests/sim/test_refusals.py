@@ -13,7 +13,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from coremesh import tensorcore as tc
-from coremesh.core import jax_compat
+from coremesh.core import jax_compat, jax_versions
 from coremesh.core.capacity import padded_nbytes
 from coremesh.core.chips import get_chip
 from coremesh.core.errors import CapacityError, CollectiveIdError, MeshError
@@ -517,3 +517,50 @@ def test_an_invalid_side_effect_type_is_refused_as_the_lowering_refuses_it(value
     with simulate("v5p", 1):  # what the lowering takes still runs
         for ok in (True, pltpu.SideEffectType.DATAFLOW_SIDE_EFFECTING):
             np.testing.assert_array_equal(np.asarray(jax.jit(kernel(ok))(x)), x)
+
+
+def pipeline_plus_size(x: Any, *, dynamic: bool) -> Any:
+    """A kernel whose emit_pipeline (the primitive) adds the pipeline's grid size, from
+    pl.num_programs, to each block; its grid size a value (``dynamic``) or an int."""
+
+    def kernel(x_hbm: Any, o_hbm: Any) -> None:
+        def body(x_ref: Any, o_ref: Any) -> None:
+            o_ref[...] = x_ref[...] + pl.num_programs(0)
+
+        blocks = x.shape[1] // 128
+        spec = pl.BlockSpec((16, 128), lambda i: (0, i))
+        grid = (jnp.array(blocks),) if dynamic else (blocks,)
+        pltpu.emit_pipeline(body, grid=grid, in_specs=[spec], out_specs=[spec])(x_hbm, o_hbm)
+
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pl.ANY),
+    )(x)
+
+
+def test_num_programs_of_a_pipeline_with_a_run_time_grid_is_refused() -> None:
+    """Mosaic answers pl.num_programs in an emit_pipeline body with the pipeline's grid size; the
+    interpreter of jax 0.11 and 0.12 with the kernel's (0 past them): JAX's
+    test_num_programs_vmap0 wrote 0 where the chip writes 4. A static grid is resolved as the
+    pipeline is traced and runs; on jax 0.10.2 patch pipeline_primitive expands the primitive
+    with the pipeline's sizes, and both run."""
+    from jax._src import config
+
+    from coremesh.testing.sim import NotSimulatedError
+
+    x = np.arange(16 * 512, dtype=np.int32).reshape(16, 512)
+    with simulate("v5p", 1), config.use_emit_pipeline_primitive(True):
+        np.testing.assert_array_equal(np.asarray(pipeline_plus_size(x, dynamic=False)), x + 4)
+        if jax_versions.at_least("0.11.0"):
+            with pytest.raises(NotSimulatedError, match=r"pl.num_programs\(\) in the body"):
+                pipeline_plus_size(x, dynamic=True)
+        else:
+            np.testing.assert_array_equal(np.asarray(pipeline_plus_size(x, dynamic=True)), x + 4)
+    if jax_versions.at_least("0.11.0"):  # what the refusal keeps from the user: 0 added
+        with (
+            simulate("v5p", 1, disable_patches=["kernel_refusals"]),
+            config.use_emit_pipeline_primitive(True),
+        ):
+            np.testing.assert_array_equal(np.asarray(pipeline_plus_size(x, dynamic=True)), x)

@@ -18,6 +18,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from coremesh.core import jax_versions
 from coremesh.core.capacity import check_fits
 from coremesh.core.chips import Chip
 from coremesh.core.errors import (
@@ -124,6 +125,7 @@ def check_kernel(
     tensorcore = not sparsecore
     check_regular_semaphore_dmas(inner, label, chip.name, tensorcore=tensorcore)
     check_explicit_mxu(inner, label, chip.name)
+    check_dynamic_pipeline_sizes(inner, label, chip.name)
     if tensorcore:
         if _tensorcore_kernel_type(compiler_params):
             check_lowered_primitives(inner, label, chip.name)
@@ -346,6 +348,54 @@ def check_explicit_mxu(jaxpr: Any, label: str, chip: str) -> None:
             fix="simulate the kernel with jnp.dot / lax.dot_general in place of the explicit "
             "MXU operations, and check this one with the compile-only target "
             "(coremesh.testing.aot) or on TPU hardware",
+        )
+
+
+def check_dynamic_pipeline_sizes(jaxpr: Any, label: str, chip: str) -> None:
+    """Refuse ``pl.num_programs`` in the body or index maps of an ``emit_pipeline`` (the
+    primitive, ``jax_use_emit_pipeline_primitive``) whose grid has a size known only at run
+    time. Mosaic answers it with the pipeline's grid size (lowering.py
+    ``_num_programs_lowering_rule`` under ``emit_pipeline_mode``); the interpreter gives the
+    body the kernel's grid sizes, 0 past them (interpret_pallas_call.py, ``pipeline_body_p``),
+    so JAX's ``test_num_programs_vmap`` wrote 0 where the chip writes 4, and an index map's
+    ``num_programs`` failed with an ``IndexError``. A static grid is resolved as the pipeline is
+    traced, and runs. jax 0.10.2's interpreter has no rule for the primitive: patch
+    ``pipeline_primitive`` expands it as Mosaic lowers it, with the pipeline's sizes, so it runs."""
+    from jax._src.pallas import core as pallas_core
+    from jax._src.pallas import primitives
+
+    if not jax_versions.at_least("0.11.0"):
+        return
+    for eqn in all_eqns(jaxpr):
+        grid_mapping = (
+            eqn.params.get("grid_mapping") if eqn.primitive.name == "emit_pipeline" else None
+        )
+        if grid_mapping is None or not any(
+            pallas_core.is_dynamic_dim(d) for d in grid_mapping.grid
+        ):
+            continue
+        maps = [bm.index_map_jaxpr for bm in grid_mapping.block_mappings]
+        asks = any(
+            e.primitive is primitives.num_programs_p
+            for sub in (eqn.params.get("body_jaxpr"), *maps)
+            if sub is not None
+            for e in all_eqns(sub)
+        )
+        if not asks:
+            continue
+        where = user_location(eqn.source_info)
+        raise NotSimulatedError(
+            f"{label}: pl.num_programs() in the body or an index map of an emit_pipeline whose "
+            "grid has a size known only at run time"
+            + (f" (the pipeline at {where})" if where else "")
+            + " is not simulated: Pallas' interpreter answers it with the kernel's grid "
+            "sizes (0 for the pipeline's own axes), where the chip answers with the pipeline's",
+            rule="the CPU simulator refuses what it cannot reproduce instead of returning a "
+            "result that may be wrong",
+            chip=chip,
+            fix="pass the grid size to the body and index maps as a value (close over the "
+            "array you built the grid from) or use a static grid; check this kernel with the "
+            "compile-only target (coremesh.testing.aot) or on TPU hardware",
         )
 
 
