@@ -564,3 +564,53 @@ def test_num_programs_of_a_pipeline_with_a_run_time_grid_is_refused() -> None:
             config.use_emit_pipeline_primitive(True),
         ):
             np.testing.assert_array_equal(np.asarray(pipeline_plus_size(x, dynamic=True)), x)
+
+
+def block_sum(x: Any, *, reduce_last: bool, revisit: Any = None) -> Any:
+    """The (8, 128) blocks of x's 3 block rows summed into one block row, by a (3, 3) grid that
+    accumulates into the output block: the reduction axis last (each output block's steps
+    consecutive) or first (each block left and returned to)."""
+    block = (8, 128)
+
+    def body(x_ref: Any, o_ref: Any) -> None:
+        step = pl.program_id(1 if reduce_last else 0)
+
+        @pl.when(step == 0)
+        def _() -> None:
+            o_ref[...] = jnp.zeros_like(o_ref)
+
+        o_ref[...] += x_ref[...]
+
+    mode = {} if revisit is None else {"pipeline_mode": pl.Buffered(1, revisit=revisit)}
+    if reduce_last:
+        in_spec = pl.BlockSpec(block, lambda j, i: (i, j))
+        out_spec = pl.BlockSpec(block, lambda j, i: (0, j), **mode)
+    else:
+        in_spec = pl.BlockSpec(block, lambda i, j: (i, j))
+        out_spec = pl.BlockSpec(block, lambda i, j: (0, j), **mode)
+    return pl.pallas_call(
+        body,
+        out_shape=jax.ShapeDtypeStruct((8, 384), jnp.float32),
+        in_specs=[in_spec],
+        out_specs=out_spec,
+        grid=(3, 3),
+    )(x)
+
+
+def test_an_output_block_returned_to_is_a_fault_and_accumulator_mode_is_refused() -> None:
+    """Leaving an output block and returning to it loses the first visits' writes on the chip
+    (RevisitMode.IMMEDIATE, the default): the interpreter raised "Revisited block" as a raw
+    CpuCallback error, now a SimulationFault with the rule. With revisit=RevisitMode.ANY the
+    chip reads the block back, which the interpreter does not: refused by name (JAX's
+    test_block_reduction_with_non_immediate_revisit)."""
+    from coremesh.testing.sim import NotSimulatedError
+
+    x = np.arange(24 * 384, dtype=np.float32).reshape(24, 384)
+    expected = x.reshape(3, 8, 384).sum(axis=0)
+    with simulate("v5p", 1):
+        np.testing.assert_array_equal(np.asarray(block_sum(x, reduce_last=True)), expected)
+        with pytest.raises(SimulationFault, match="return to an output block") as err:
+            block_sum(x, reduce_last=False)
+        assert "consecutive" in str(err.value)
+        with pytest.raises(NotSimulatedError, match="accumulator mode"):
+            block_sum(x, reduce_last=False, revisit=pl.RevisitMode.ANY)

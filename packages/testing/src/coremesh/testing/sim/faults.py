@@ -40,6 +40,7 @@ CALLBACKS = {
     "_allocate_buffer": "a scratch buffer allocation",
     "_allocate_semaphores": "a semaphore allocation",
     "get_barrier_semaphore": "pltpu.get_barrier_semaphore()",
+    "_check_for_revisiting": "a grid step's return to an output block",
 }
 
 #: Callbacks whose third argument is the local core id (the others take other things there).
@@ -245,6 +246,17 @@ def describe(
             operation = f"a semaphore signal to device {target}"
             rule = f"a signal's device_id names a device of the kernel's mesh (0..{n - 1})"
             fix = "compute the target device modulo jax.lax.axis_size('device')"
+    elif name == "_check_for_revisiting":
+        rule = (
+            "an output block's grid iterations are consecutive (RevisitMode.IMMEDIATE, the "
+            "default): once the grid moves on the block is written back, and a later visit "
+            "starts from a stale buffer, so the chip loses what the earlier visits wrote"
+        )
+        fix = (
+            "order the grid so each output block's iterations are consecutive (the reduction "
+            "axis last, 'arbitrary'), or give the output pipeline_mode=pl.Buffered(1, "
+            "revisit=pl.RevisitMode.ANY) (which the simulator refuses by name)"
+        )
     elif name == "get_barrier_semaphore":
         rule = "a kernel that uses the barrier semaphore needs a collective_id"
         fix = "pass collective_id= to the kernel (coremesh.tensorcore.kernel(collective_id='auto'))"

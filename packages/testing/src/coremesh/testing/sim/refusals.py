@@ -126,6 +126,7 @@ def check_kernel(
     check_regular_semaphore_dmas(inner, label, chip.name, tensorcore=tensorcore)
     check_explicit_mxu(inner, label, chip.name)
     check_dynamic_pipeline_sizes(inner, label, chip.name)
+    check_output_revisit_any(grid_mapping, label, chip.name)
     if tensorcore:
         if _tensorcore_kernel_type(compiler_params):
             check_lowered_primitives(inner, label, chip.name)
@@ -395,6 +396,35 @@ def check_dynamic_pipeline_sizes(jaxpr: Any, label: str, chip: str) -> None:
             chip=chip,
             fix="pass the grid size to the body and index maps as a value (close over the "
             "array you built the grid from) or use a static grid; check this kernel with the "
+            "compile-only target (coremesh.testing.aot) or on TPU hardware",
+        )
+
+
+def check_output_revisit_any(grid_mapping: Any, label: str, chip: str) -> None:
+    """Refuse an output BlockSpec with ``pipeline_mode=pl.Buffered(..., revisit=
+    pl.RevisitMode.ANY)`` (accumulator mode): Mosaic writes such a block back when the grid
+    moves on and reads it again when the grid returns to it, so a kernel may accumulate into an
+    output block over iterations that are not consecutive. The interpreter keeps one output
+    buffer per block visit and raised "Revisited block" inside a host callback (JAX's
+    test_block_reduction_with_non_immediate_revisit)."""
+    from jax._src.pallas import core as pallas_core
+
+    if grid_mapping is None:
+        return
+    outputs = grid_mapping.block_mappings[grid_mapping.num_inputs :]
+    for k, bm in enumerate(outputs):
+        mode = getattr(bm, "pipeline_mode", None)
+        if getattr(mode, "revisit", None) is not pallas_core.RevisitMode.ANY:
+            continue
+        raise NotSimulatedError(
+            f"{label}: output {k}'s BlockSpec has pipeline_mode={mode} (accumulator mode: "
+            "a block written back when the grid moves on and read again when it returns) "
+            "and is not simulated: the interpreter does not read an output block back",
+            rule="the CPU simulator refuses what it cannot reproduce instead of returning a "
+            "result that may be wrong",
+            chip=chip,
+            fix="order the grid so each output block's iterations are consecutive (the "
+            "reduction axis last) and drop revisit=, or check this kernel with the "
             "compile-only target (coremesh.testing.aot) or on TPU hardware",
         )
 
