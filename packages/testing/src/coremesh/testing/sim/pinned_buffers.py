@@ -42,6 +42,15 @@ class TableEntry:
             self._table[self._key] = value
 
 
+_ENTRIES: dict[tuple[int, Any], TableEntry] = {}
+
+
+def table_entry(table: dict[Any, Any], key: Any) -> TableEntry:
+    """The one :class:`TableEntry` for ``key`` of ``table``: a patch's targets are the same
+    objects each time they are listed, as module attributes are."""
+    return _ENTRIES.setdefault((id(table), key), TableEntry(table, key))
+
+
 def targets() -> list[tuple[Any, str, Any]]:
     from jax._src import core
     from jax._src.interpreters import mlir
@@ -77,14 +86,14 @@ def targets() -> list[tuple[Any, str, Any]]:
 
     return [
         (
-            TableEntry(mlir.ir_type_handlers, AbstractLinVal),
+            table_entry(mlir.ir_type_handlers, AbstractLinVal),
             "entry",
             lambda aval: array_types(aval.inner_aval),
         ),
-        (TableEntry(cpu, primitives.pin_p), "entry", entry(pass_on)),
-        (TableEntry(cpu, primitives.unpin_p), "entry", entry(pass_on)),
+        (table_entry(cpu, primitives.pin_p), "entry", entry(pass_on)),
+        (table_entry(cpu, primitives.unpin_p), "entry", entry(pass_on)),
         (
-            TableEntry(cpu, pallas_call.pallas_call_p),
+            table_entry(cpu, pallas_call.pallas_call_p),
             "entry",
             entry(lower_pallas_call, kernel.inline),
         ),
