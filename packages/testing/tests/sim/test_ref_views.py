@@ -173,3 +173,30 @@ def test_a_store_through_a_reshape_and_a_bitcast_is_refused_by_name() -> None:
         simulate("v5e", 1) as sim,
     ):
         sim.run(call, jnp.zeros((4, 128), jnp.int32))
+
+
+def test_a_view_of_a_bitcast_view_is_refused_before_the_kernel_runs() -> None:
+    """JAX's test_multiple_ref_transforms chains bitcast, reshape and bitcast again: refused by
+    name as the kernel is traced (it failed inside the kernel before, as a SimulationFault); one
+    bitcast and then indices runs."""
+    from coremesh.testing.sim import NotSimulatedError
+
+    x = np.arange(32 * 256, dtype=np.int32).reshape(32, 256)
+    out_shape = jax.ShapeDtypeStruct((16, 256), jnp.int16)
+
+    def chained(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref.at[:8].bitcast(jnp.int16).reshape(2, 8, 256)[1]
+
+    def indexed(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref.at[:8].bitcast(jnp.int16)[:]
+
+    with simulate("v5e", 1) as sim:
+        half = pl.pallas_call(chained, out_shape=jax.ShapeDtypeStruct((8, 256), jnp.int16))
+        with pytest.raises(NotSimulatedError, match=r"get at .*through ref\.reshape") as err:
+            sim.run(half, jnp.asarray(x))
+        assert not isinstance(err.value, SimulationFault)  # refused, not failed in the kernel
+        got = np.asarray(sim.run(pl.pallas_call(indexed, out_shape=out_shape), jnp.asarray(x)))
+    # each int32 word becomes two int16 rows, the low half first (ref.bitcast's layout)
+    low, high = (x[:8] & 0xFFFF).astype(np.uint16), (x[:8] >> 16).astype(np.uint16)
+    expected = np.stack([low, high], axis=1).reshape(16, 256).view(np.int16)
+    np.testing.assert_array_equal(got, expected)

@@ -127,6 +127,7 @@ def check_kernel(
     check_explicit_mxu(inner, label, chip.name)
     check_dynamic_pipeline_sizes(inner, label, chip.name)
     check_output_revisit_any(grid_mapping, label, chip.name)
+    check_view_chains(inner, label, chip.name)
     if tensorcore:
         if _tensorcore_kernel_type(compiler_params):
             check_lowered_primitives(inner, label, chip.name)
@@ -425,6 +426,30 @@ def check_output_revisit_any(grid_mapping: Any, label: str, chip: str) -> None:
             chip=chip,
             fix="order the grid so each output block's iterations are consecutive (the "
             "reduction axis last) and drop revisit=, or check this kernel with the "
+            "compile-only target (coremesh.testing.aot) or on TPU hardware",
+        )
+
+
+def check_view_chains(jaxpr: Any, label: str, chip: str) -> None:
+    """Refuse, before the kernel runs, a load, store or DMA through a reshape, transpose or
+    second bitcast of a ``ref.bitcast`` view (``sim.view_refs`` runs an access through one
+    bitcast followed by indices, and views before it). JAX's test_multiple_ref_transforms
+    failed inside the kernel, as a SimulationFault wrapping the same refusal."""
+    from coremesh.testing.sim import view_refs
+
+    for eqn in all_eqns(jaxpr):
+        if not any(view_refs.unsimulated_chain(c) for c in view_refs.view_chains(eqn)):
+            continue
+        where = user_location(eqn.source_info)
+        raise NotSimulatedError(
+            f"{label}: an access ({eqn.primitive.name}"
+            + (f" at {where}" if where else "")
+            + f") through {view_refs.AFTER_BITCAST} is not simulated",
+            rule="the CPU simulator refuses what it cannot reproduce instead of returning a "
+            "result that may be wrong",
+            chip=chip,
+            fix="index the bitcast view directly (ref.bitcast(dtype)[...]), or bitcast the "
+            "loaded value (pltpu.bitcast) and reshape it as a value; check the kernel with the "
             "compile-only target (coremesh.testing.aot) or on TPU hardware",
         )
 

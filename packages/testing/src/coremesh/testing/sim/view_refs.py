@@ -180,11 +180,49 @@ def _region(axes: list[Any]) -> tuple[int, ...]:
     return tuple(len(range(a.start, a.stop, a.step or 1)) for a in axes if not isinstance(a, int))
 
 
+#: Why an access through a view of a bitcast view is refused (as the kernel is traced, and here).
+AFTER_BITCAST = "ref.reshape / transpose / a second bitcast after ref.bitcast"
+
+
 def _only_indices_after_bitcast(post: tuple[Any, ...]) -> None:
     if any(_kind(t) != "index" for t in post):
-        raise NotImplementedError(
-            "not simulated: ref.reshape / transpose / a second bitcast after ref.bitcast"
-        )
+        raise NotImplementedError(f"not simulated: {AFTER_BITCAST}")
+
+
+def unsimulated_chain(transforms: Any) -> bool:
+    """Is a ref access through ``transforms`` one this module refuses whatever the indices:
+    a reshape, transpose or bitcast of a bitcast view?"""
+    kinds = [_kind(t) for t in transforms]
+    if "bitcast" not in kinds:
+        return False
+    return any(k != "index" for k in kinds[kinds.index("bitcast") + 1 :])
+
+
+def view_chains(eqn: Any) -> list[tuple[Any, ...]]:
+    """The transform sequences of ``eqn``'s ref operands (a load, a store, a DMA's two refs),
+    from its ``tree`` parameter; none for an equation without one."""
+    import jax
+
+    tree = eqn.params.get("tree")
+    n = getattr(tree, "num_leaves", None)
+    if n is None or n > len(eqn.invars):
+        return []
+    try:
+        args = jax.tree.unflatten(tree, list(eqn.invars[len(eqn.invars) - n :]))
+    except Exception:
+        return []
+    out: list[tuple[Any, ...]] = []
+    stack = [args]
+    while stack:
+        item = stack.pop()
+        if hasattr(item, "transforms") and not isinstance(item, tuple | list):
+            out.append(tuple(item.transforms))
+        elif isinstance(item, tuple | list):
+            if item and all(_kind(t) in ("index", "reshape", "transpose", "bitcast") for t in item):
+                out.append(tuple(item))
+            else:
+                stack += list(item)
+    return out
 
 
 def _bitcast_shape(
