@@ -76,6 +76,24 @@ class NotSimulatedError(CoremeshError, NotImplementedError):
     """
 
 
+#: Why a NotSimulatedError refuses instead of running.
+NOT_SIMULATED_RULE = (
+    "the CPU simulator refuses what it cannot reproduce instead of returning a result that may "
+    "be wrong"
+)
+#: Where such a kernel can be checked instead.
+ELSEWHERE = (
+    "check this kernel with the compile-only target (coremesh.testing.aot) or on TPU hardware"
+)
+
+
+def not_simulated(what: str, *, chip: str | None, instead: str | None = None) -> NotSimulatedError:
+    """The refusal of ``what`` (a sentence ending in "is not simulated: why"): the shared rule,
+    and as the fix ``instead`` (how to write it so it simulates), then where to check it as is."""
+    fix = ELSEWHERE if instead is None else f"{instead}; or {ELSEWHERE}"
+    return NotSimulatedError(what, rule=NOT_SIMULATED_RULE, chip=chip, fix=fix)
+
+
 class SimulationRaceError(CoremeshError, AssertionError):
     """The race detector found unsynchronised accesses to one buffer from two cores or DMAs."""
 

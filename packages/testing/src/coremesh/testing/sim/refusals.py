@@ -33,8 +33,8 @@ from coremesh.testing.sim.errors import (
     CompilerParamsError,
     KernelCapacityError,
     MosaicRefusalError,
-    NotSimulatedError,
     UnfinishedKernelError,
+    not_simulated,
 )
 from coremesh.testing.sim.faults import register_kernel, user_location
 from coremesh.testing.sim.jaxprs import all_eqns, lax_primitives, memory_space, sub_jaxprs
@@ -339,17 +339,14 @@ def check_explicit_mxu(jaxpr: Any, label: str, chip: str) -> None:
         if not any(type(e).__name__ == "MXUEffect" for e in getattr(eqn, "effects", ())):
             continue
         where = user_location(eqn.source_info)
-        raise NotSimulatedError(
+        raise not_simulated(
             f"{label}: the explicit MXU operation {eqn.primitive.name!r}"
             + (f" (at {where})" if where else "")
             + " is not simulated: the interpreter does not model the MXU's staging registers, "
             "accumulators and FIFOs",
-            rule="the CPU simulator refuses what it cannot reproduce instead of returning a "
-            "result that may be wrong",
             chip=chip,
-            fix="simulate the kernel with jnp.dot / lax.dot_general in place of the explicit "
-            "MXU operations, and check this one with the compile-only target "
-            "(coremesh.testing.aot) or on TPU hardware",
+            instead="simulate the kernel with jnp.dot / lax.dot_general in place of the explicit "
+            "MXU operations",
         )
 
 
@@ -386,18 +383,15 @@ def check_dynamic_pipeline_sizes(jaxpr: Any, label: str, chip: str) -> None:
         if not asks:
             continue
         where = user_location(eqn.source_info)
-        raise NotSimulatedError(
+        raise not_simulated(
             f"{label}: pl.num_programs() in the body or an index map of an emit_pipeline whose "
             "grid has a size known only at run time"
             + (f" (the pipeline at {where})" if where else "")
             + " is not simulated: Pallas' interpreter answers it with the kernel's grid "
             "sizes (0 for the pipeline's own axes), where the chip answers with the pipeline's",
-            rule="the CPU simulator refuses what it cannot reproduce instead of returning a "
-            "result that may be wrong",
             chip=chip,
-            fix="pass the grid size to the body and index maps as a value (close over the "
-            "array you built the grid from) or use a static grid; check this kernel with the "
-            "compile-only target (coremesh.testing.aot) or on TPU hardware",
+            instead="pass the grid size to the body and index maps as a value (close over the "
+            "array you built the grid from) or use a static grid",
         )
 
 
@@ -417,16 +411,13 @@ def check_output_revisit_any(grid_mapping: Any, label: str, chip: str) -> None:
         mode = getattr(bm, "pipeline_mode", None)
         if getattr(mode, "revisit", None) is not pallas_core.RevisitMode.ANY:
             continue
-        raise NotSimulatedError(
+        raise not_simulated(
             f"{label}: output {k}'s BlockSpec has pipeline_mode={mode} (accumulator mode: "
             "a block written back when the grid moves on and read again when it returns) "
             "and is not simulated: the interpreter does not read an output block back",
-            rule="the CPU simulator refuses what it cannot reproduce instead of returning a "
-            "result that may be wrong",
             chip=chip,
-            fix="order the grid so each output block's iterations are consecutive (the "
-            "reduction axis last) and drop revisit=, or check this kernel with the "
-            "compile-only target (coremesh.testing.aot) or on TPU hardware",
+            instead="order the grid so each output block's iterations are consecutive (the "
+            "reduction axis last) and drop revisit=",
         )
 
 
@@ -441,16 +432,13 @@ def check_view_chains(jaxpr: Any, label: str, chip: str) -> None:
         if not any(view_refs.unsimulated_chain(c) for c in view_refs.view_chains(eqn)):
             continue
         where = user_location(eqn.source_info)
-        raise NotSimulatedError(
+        raise not_simulated(
             f"{label}: an access ({eqn.primitive.name}"
             + (f" at {where}" if where else "")
             + f") through {view_refs.AFTER_BITCAST} is not simulated",
-            rule="the CPU simulator refuses what it cannot reproduce instead of returning a "
-            "result that may be wrong",
             chip=chip,
-            fix="index the bitcast view directly (ref.bitcast(dtype)[...]), or bitcast the "
-            "loaded value (pltpu.bitcast) and reshape it as a value; check the kernel with the "
-            "compile-only target (coremesh.testing.aot) or on TPU hardware",
+            instead="index the bitcast view directly (ref.bitcast(dtype)[...]), or bitcast the "
+            "loaded value (pltpu.bitcast) and reshape it as a value",
         )
 
 

@@ -100,7 +100,7 @@ from jax.experimental.pallas import tpu_sc as plsc
 
 from coremesh.core.errors import CoremeshError, UnsupportedOnChipError
 from coremesh.testing.sim import compat, inline, shadow
-from coremesh.testing.sim.errors import NotSimulatedError, SimulationFault
+from coremesh.testing.sim.errors import NotSimulatedError, SimulationFault, not_simulated
 from coremesh.testing.sim.jaxprs import sub_jaxprs
 
 _Rule = inline.Rule
@@ -535,12 +535,10 @@ def refusal(primitive: Any) -> NotSimulatedError | None:
 
 
 def _not_simulated(what: str, why: str) -> NotSimulatedError:
-    return NotSimulatedError(
+    return not_simulated(
         f"{what} is not simulated: {why}",
-        rule="the CPU simulator refuses what it cannot reproduce instead of returning a result "
-        "that may be wrong",
-        fix="check this kernel with the compile-only target (coremesh.testing.aot) or on TPU "
-        "hardware; restructure it without this to simulate it",
+        chip=None,
+        instead="restructure it without this to simulate it",
     )
 
 
