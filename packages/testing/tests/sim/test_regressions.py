@@ -133,6 +133,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "host_memory_space",
         "nested_ref_views",
         "pinned_buffers",
+        "custom_vjp_callbacks",
         "closed_scalars",
         "own_interpret_params",  # tests/sim/test_own_interpret_params.py
         "compile_cache",
@@ -951,3 +952,41 @@ def test_pinned_buffers() -> None:
         np.testing.assert_array_equal(np.asarray(add_one_pinned(x)), np.asarray(x) + 1)
         # no TPU memory colour in the CPU program (JAX's test checks the same)
         assert '"color"' not in add_one_pinned.lower(x).compile().as_text()
+
+
+# custom_vjp_callbacks ---------------------------------------------------------------------
+
+
+def doubled(x: Any) -> Any:
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref[...] * 2
+
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+
+@jax.custom_vjp
+def double(x: Any) -> Any:
+    """x * 2 by a kernel, its gradient by the same kernel (as splash attention's backward pass
+    is kernels of its own)."""
+    return doubled(x)
+
+
+double.defvjp(lambda x: (doubled(x), None), lambda _, g: (doubled(g),))
+
+
+def test_custom_vjp_callbacks() -> None:
+    from jax._src import config
+
+    x = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128) / 100
+    grad = jax.grad(lambda x: jnp.sum(jax.jit(double)(x) ** 2))  # as splash attention's call
+    with (
+        simulate("v5p", 1, disable_patches=["custom_vjp_callbacks"]),
+        config.enable_checks(True),  # JaxTestCase's default: the custom_vjp is type-checked
+    ):
+        if patch("custom_vjp_callbacks").needed():
+            with pytest.raises(NotImplementedError, match="Effects not supported in `custom_vjp`"):
+                grad(x)
+        else:  # jax 0.12 allows the interpreter's callbacks in custom derivatives
+            np.testing.assert_allclose(np.asarray(grad(x)), 8 * np.asarray(x), rtol=1e-6)
+    with simulate("v5p", 1), config.enable_checks(True):
+        np.testing.assert_allclose(np.asarray(grad(x)), 8 * np.asarray(x), rtol=1e-6)

@@ -1094,6 +1094,19 @@ def _fetch_and_add_targets() -> list[tuple[Any, str, Any]]:
     return fetch_and_add.targets()
 
 
+def _custom_vjp_callbacks_targets() -> list[tuple[Any, str, Any]]:
+    from jax._src import callback, effects
+
+    allowed = effects.custom_derivatives_allowed_effects
+    io = (callback.IOEffect, callback.OrderedIOEffect)
+
+    def contains(eff: Any) -> bool:
+        # As jax 0.12 registers them (callback.py: custom_derivatives_allowed_effects.add_type).
+        return isinstance(eff, io) or type(allowed).contains(allowed, eff)
+
+    return [(allowed, "contains", contains)]
+
+
 def _pinned_buffers_targets() -> list[tuple[Any, str, Any]]:
     from coremesh.testing.sim import pinned_buffers
 
@@ -1424,6 +1437,16 @@ PATCHES: tuple[Patch, ...] = (
         "ref's buffer id and fails), and the subcores of a kernel without a barrier share one "
         "interpreter core, so another subcore's SMEM does not exist apart",
         _fetch_and_add_targets,
+    ),
+    Patch(
+        "custom_vjp_callbacks",
+        "with jax_enable_checks on (as JAX's tests run), an interpreted kernel inside a "
+        "jax.custom_vjp (JAX's splash attention, whose backward pass is kernels of its own) "
+        "fails its type check: 'NotImplementedError: Effects not supported in `custom_vjp`: "
+        "[IOEffect, OrderedIOEffect]' (custom_derivatives.py _custom_vjp_call_typecheck): the "
+        "interpreter's io_callbacks are effects jax allows in custom derivatives only from 0.12",
+        _custom_vjp_callbacks_targets,
+        fixed_in="0.12.0",
     ),
     Patch(
         "pinned_buffers",
