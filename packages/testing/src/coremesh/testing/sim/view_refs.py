@@ -184,18 +184,24 @@ def _region(axes: list[Any]) -> tuple[int, ...]:
 AFTER_BITCAST = "ref.reshape / transpose / a second bitcast after ref.bitcast"
 
 
+def _views_after_bitcast(post: Any) -> bool:
+    """Do the transforms after a ``ref.bitcast`` (``post``) hold anything but indices?"""
+    return any(_kind(t) != "index" for t in post)
+
+
 def _only_indices_after_bitcast(post: tuple[Any, ...]) -> None:
-    if any(_kind(t) != "index" for t in post):
+    if _views_after_bitcast(post):
         raise NotImplementedError(f"not simulated: {AFTER_BITCAST}")
 
 
 def unsimulated_chain(transforms: Any) -> bool:
     """Is a ref access through ``transforms`` one this module refuses whatever the indices:
-    a reshape, transpose or bitcast of a bitcast view?"""
+    a reshape, transpose or bitcast of a bitcast view? (The check the access itself makes,
+    ``_only_indices_after_bitcast``, on the transforms after the first bitcast.)"""
     kinds = [_kind(t) for t in transforms]
     if "bitcast" not in kinds:
         return False
-    return any(k != "index" for k in kinds[kinds.index("bitcast") + 1 :])
+    return _views_after_bitcast(transforms[kinds.index("bitcast") + 1 :])
 
 
 def view_chains(eqn: Any) -> list[tuple[Any, ...]]:

@@ -16,9 +16,10 @@ from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 from coremesh.testing.upstream.file_run import FileRun
+from coremesh.testing.upstream.last_run import FileKey
 
 #: (test file name, mode) -> [(node id, seconds)] of each test, from an earlier run's table.
-Timed = Mapping[tuple[str, str], Sequence[tuple[str, float]]]
+Timed = Mapping[FileKey, Sequence[tuple[str, float]]]
 
 Key = TypeVar("Key")
 

@@ -26,6 +26,7 @@ from typing import Literal
 from coremesh.core.errors import CoremeshError
 from coremesh.testing.upstream.events import Status, TestResult, first_line, read_events
 from coremesh.testing.upstream.file_run import FileRun, Mode
+from coremesh.testing.upstream.last_run import FileKey
 from coremesh.testing.upstream.needs import most_devices
 from coremesh.testing.upstream.parts import WHOLE, Part, Timed, joined, plan
 from coremesh.testing.upstream.tree import TestTree
@@ -289,7 +290,7 @@ def run_tree(
     jobs: int = 1,
     memory_limit: int | None = None,
     give_up: int | None = None,
-    previous_seconds: Mapping[tuple[str, str], float] | None = None,
+    previous_seconds: Mapping[FileKey, float] | None = None,
     previous_tests: Timed | None = None,
 ) -> list[FileRun]:
     """Each file in each mode, ``jobs`` processes at a time; the result in file, then mode,
@@ -310,7 +311,7 @@ def run_tree(
     pairs = [(file, mode) for file in files for mode in modes]
     last = previous_seconds or {}
     keys = {pair: (pair[0].name, str(pair[1])) for pair in pairs}
-    split: dict[tuple[str, str], list[Part]] = (
+    split: dict[FileKey, list[Part]] = (
         plan(list(keys.values()), last, previous_tests, jobs)
         if jobs > 1 and previous_tests and not only and not keyword
         else {}
@@ -358,7 +359,7 @@ def run_tree(
 
 
 def start_order(
-    units: Sequence[tuple[tuple[Path, Mode], Part]], last: Mapping[tuple[str, str], float]
+    units: Sequence[tuple[tuple[Path, Mode], Part]], last: Mapping[FileKey, float]
 ) -> list[tuple[tuple[Path, Mode], Part]]:
     """``units`` (a file in a mode, and a part of it) longest first: a part of a split file by
     its own seconds, a whole file by ``last`` (seconds per file name and mode), those it does not
