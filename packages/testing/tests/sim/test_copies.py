@@ -193,3 +193,47 @@ def test_a_copy_through_bfloat16_keeps_unwritten_rows_unwritten_for_a_later_use(
         f(XS)
     assert "1024 of 2048 element(s)" in str(info.value)
     assert "the first at (8, 0)" in str(info.value)
+
+
+def rows_below(n: int) -> jax.Array:
+    return jax.lax.broadcasted_iota(jnp.int32, (16, 128), 0) < n
+
+
+def merge_first_rows(x_ref: Any, o_ref: Any) -> None:
+    # JAX's megablox gmm: select(mask, acc, out[...]) into an output block nobody wrote.
+    o_ref[...] = jnp.where(rows_below(8), x_ref[...] * 2.0, o_ref[...])
+
+
+def merge_last_rows(x_ref: Any, prev_ref: Any, o_ref: Any) -> None:
+    o_ref[...] = prev_ref[...]  # gmm's existing_out: an output block is not read in
+    o_ref[...] = jnp.where(rows_below(8), o_ref[...], x_ref[...] * 3.0)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_a_merge_into_the_place_it_loaded_leaves_the_other_rows_unwritten(fast: bool) -> None:
+    # gmm's group shards: the first leaves the rows of other groups as they were (stale on the
+    # chip), the next, given that result as its output, fills them. No row is computed from
+    # unwritten memory, so neither call raises, and the rows match numpy.
+    first = pl.pallas_call(merge_first_rows, out_shape=F32)
+    second = pl.pallas_call(merge_last_rows, out_shape=F32, input_output_aliases={1: 0})
+    with simulate("v5p", 1, fast_path=fast) as sim:
+        partial = np.asarray(sim.run(first, XS))
+        whole = np.asarray(sim.run(second, XS, jnp.asarray(partial)))
+    np.testing.assert_allclose(partial[:8], XS[:8] * 2.0, rtol=1e-6)
+    assert np.isnan(partial[8:]).all()
+    np.testing.assert_allclose(whole, np.concatenate([XS[:8] * 2.0, XS[8:] * 3.0]), rtol=1e-6)
+
+
+def merge_computed_rows(x_ref: Any, o_ref: Any, s_ref: Any, *_: Any) -> None:
+    o_ref[...] = x_ref[...]
+    o_ref[...] = jnp.where(rows_below(8), s_ref[...] + 1.0, o_ref[...])
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_a_merge_of_values_computed_from_unwritten_memory_still_raises(fast: bool) -> None:
+    # The rows the select takes from the computation replace written values: a use, named.
+    f = pl.pallas_call(merge_computed_rows, out_shape=F32, scratch_shapes=[VMEM])
+    with simulate("v5p", 1, fast_path=fast), pytest.raises(UninitializedReadError) as info:
+        f(XS)
+    assert "computed from unwritten memory: 1024 of 2048 element(s)" in str(info.value)
+    assert "the first at (0, 0)" in str(info.value)

@@ -15,6 +15,16 @@ load's elements to the stored ones. The interpreter hands both to the shared mem
 access; the shadow records the load's states per core and the store writes them, moved as the
 elements were, in place of "written" or "computed from unwritten memory".
 
+A store that merges a computed value into the place it loaded (``out[...] = select(mask, acc,
+out[...])``, JAX's megablox gmm) copies that load where the select takes it: such a store's
+value is a ``select_n`` with one case a load of the same ref at the same indices, moved
+unchanged, and its :class:`StoreSource` is marked ``merge``. The shadow then keeps the states
+of the elements the store leaves bit for bit as they were (gmm's first group shard leaves the
+rows of other groups unwritten, and the next shard fills them) and marks the others as any
+store's. A computed element that happens to equal what it replaces, the tagged NaN included,
+counts as left as it was: an element computed from unwritten memory and merged over one
+nobody wrote holds the fill, as a never-written element does.
+
 A load whose value goes nowhere but into such copies is no use of it either
 (``LoadSource.copy_only``): unwritten integer memory it reads raises nothing there. What it
 reads from a DMA still in flight is checked as any load is. Loads and stores through
@@ -53,15 +63,25 @@ class LoadSource(source_info_util.SourceInfo):  # type: ignore[misc]
 
 class StoreSource(source_info_util.SourceInfo):  # type: ignore[misc]
     """A store's source info, for a store whose value is a copy of ``load``'s: ``move`` takes
-    the load's states to the stored value's, of ``shape``."""
+    the load's states to the stored value's, of ``shape``; ``merge``: only where the value
+    leaves memory as it was (a select between the load of the same place and a computation)."""
 
-    __slots__ = ("load", "move", "shape")
+    __slots__ = ("load", "merge", "move", "shape")
 
-    def __init__(self, info: Any, load: LoadSource, move: Move, shape: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        info: Any,
+        load: LoadSource,
+        move: Move,
+        shape: tuple[int, ...],
+        *,
+        merge: bool = False,
+    ) -> None:
         super().__init__(info.traceback, info.name_stack)
         self.load = load
         self.move = move
         self.shape = shape
+        self.merge = merge
 
 
 def _same(states: np.ndarray) -> np.ndarray:
@@ -148,35 +168,89 @@ def _inner(eqn: Any) -> Any | None:
 Flow = dict[Any, tuple[Any, Move]]
 
 
-def _flow(jaxpr: Any, flow: Flow, loads: Callable[[Any], bool]) -> Flow:
+#: The values a ``select_n`` took from origins: value -> each such origin, with its move.
+Merges = dict[Any, list[tuple[Any, Move]]]
+
+
+def _merged_cases(eqn: Any, flow: Flow) -> list[tuple[Any, Move]]:
+    """The origins of the cases of a ``select_n`` that flow from one, at the result's shape."""
+    if eqn.primitive.name != "select_n" or len(eqn.outvars) != 1:
+        return []
+    shape = _shape(eqn.outvars[0])
+    return [flow[v] for v in eqn.invars[1:] if _is_var(v) and v in flow and _shape(v) == shape]
+
+
+def _flow(
+    jaxpr: Any, flow: Flow, loads: Callable[[Any], bool], merges: Merges | None = None
+) -> Flow:
     """``flow`` extended over ``jaxpr``'s equations: each value that is some origin's elements
-    moved unchanged. ``loads(eqn)`` says which equations start a flow of their own."""
+    moved unchanged. ``loads(eqn)`` says which equations start a flow of their own. Values that
+    are origins' elements only where a ``select_n`` took them go into ``merges`` (when given),
+    moved on through the same steps."""
     for eqn in jaxpr.eqns:
         if loads(eqn):
             flow[eqn.outvars[0]] = (eqn, _same)
             continue
-        if not eqn.invars or not _is_var(eqn.invars[0]) or eqn.invars[0] not in flow:
+        if merges is not None and (cases := _merged_cases(eqn, flow)):
+            merges[eqn.outvars[0]] = cases
             continue
+        if not eqn.invars:
+            continue
+        source = eqn.invars[0]
         step = _step(eqn)
-        if step is not None:
-            origin, move = flow[eqn.invars[0]]
-            flow[eqn.outvars[0]] = (origin, _then(move, step))
+        if step is not None and _is_var(source):
+            if merges is not None and source in merges:
+                merges[eqn.outvars[0]] = [(o, _then(m, step)) for o, m in merges[source]]
+            elif source in flow:
+                origin, move = flow[source]
+                flow[eqn.outvars[0]] = (origin, _then(move, step))
             continue
         inner = _inner(eqn)
-        if inner is None:
+        if inner is None or not any(_is_var(v) and v in flow for v in eqn.invars):
             continue
         seeds = {
             v: (k, _same)
             for k, v in enumerate(inner.invars)
             if _is_var(eqn.invars[k]) and eqn.invars[k] in flow
         }
-        inner_flow = _flow(inner, dict(seeds), lambda _: False)
+        inner_merges: Merges | None = None if merges is None else {}
+        inner_flow = _flow(inner, dict(seeds), lambda _: False, inner_merges)
         for out, inner_out in zip(eqn.outvars, inner.outvars, strict=True):
-            if _is_var(inner_out) and inner_out in inner_flow:
+            if not _is_var(inner_out):
+                continue
+            if inner_out in inner_flow:
                 k, inner_move = inner_flow[inner_out]
                 origin, move = flow[eqn.invars[k]]
                 flow[out] = (origin, _then(move, inner_move))
+            elif merges is not None and inner_merges and inner_out in inner_merges:
+                merges[out] = [
+                    (flow[eqn.invars[k]][0], _then(flow[eqn.invars[k]][1], inner_move))
+                    for k, inner_move in inner_merges[inner_out]
+                ]
     return flow
+
+
+def _place(eqn: Any) -> tuple[Any, ...]:
+    """What a plain load or store addresses: its ref and its indices, as written (the same
+    variables, or literals of the same values, in the same structure)."""
+    from jax._src import tree_util
+    from jax._src.state import primitives as state_primitives
+
+    if eqn.primitive is state_primitives.get_p:
+        ref, transforms = (
+            eqn.invars[0],
+            tree_util.tree_unflatten(eqn.params["tree"], eqn.invars[1:]),
+        )
+    elif eqn.primitive is state_primitives.swap_p:
+        ref, transforms = (
+            eqn.invars[0],
+            tree_util.tree_unflatten(eqn.params["tree"], eqn.invars[2:]),
+        )
+    else:  # Pallas' load_p / swap_p
+        ref, transforms, *_ = tree_util.tree_unflatten(eqn.params["args_tree"], eqn.invars)
+    leaves, structure = tree_util.tree_flatten(transforms)
+    atoms = tuple(id(a) if _is_var(a) else repr(a.val) for a in leaves)
+    return id(ref), atoms, str(structure)
 
 
 def _plain_access(eqn: Any) -> tuple[Any, Any] | None:
@@ -228,12 +302,23 @@ def tag(jaxpr: Any) -> Any | None:
     """``jaxpr`` with its copies by load and store marked (source infos :class:`LoadSource` and
     :class:`StoreSource`), or None when it has none."""
     accesses = {id(e): a for e in jaxpr.eqns if (a := _plain_access(e)) is not None}
-    flow = _flow(jaxpr, {}, lambda e: id(e) in accesses and accesses[id(e)][1] is not None)
+    merges: Merges = {}
+    flow = _flow(jaxpr, {}, lambda e: id(e) in accesses and accesses[id(e)][1] is not None, merges)
     copies: dict[int, tuple[Any, Move]] = {}  # store equation -> (load equation, move)
+    merging: set[int] = set()  # the stores among them that merge into the place they loaded
     for eqn in jaxpr.eqns:
         access = accesses.get(id(eqn))
         value = access[0] if access is not None else None
-        if value is None or not _is_var(value) or value not in flow:
+        if value is None or not _is_var(value):
+            continue
+        if value in merges:  # a select of loads and computations: a copy of the same place's
+            here = _place(eqn)
+            same = [(o, m) for o, m in merges[value] if id(o) in accesses and _place(o) == here]
+            if len(same) == 1 and same[0][0] is not eqn:
+                copies[id(eqn)] = same[0]
+                merging.add(id(eqn))
+            continue
+        if value not in flow:
             continue
         load, move = flow[value]
         if load is not eqn:
@@ -256,7 +341,13 @@ def tag(jaxpr: Any) -> Any | None:
             load, move = copies[id(eqn)]
             value = accesses[id(eqn)][0]
             new = eqn.replace(
-                source_info=StoreSource(eqn.source_info, sources[id(load)], move, _shape(value))
+                source_info=StoreSource(
+                    eqn.source_info,
+                    sources[id(load)],
+                    move,
+                    _shape(value),
+                    merge=id(eqn) in merging,
+                )
             )
         eqns.append(new)
     return jaxpr.replace(eqns=eqns)

@@ -345,7 +345,13 @@ def targets() -> list[tuple[Any, str, Any]]:
         return out
 
     def _mark(
-        self: Any, key: Any, rnge: Any, value: Any, mask: Any = None, info: Any = None
+        self: Any,
+        key: Any,
+        rnge: Any,
+        value: Any,
+        mask: Any = None,
+        info: Any = None,
+        before: np.ndarray | None = None,
     ) -> None:
         written = _maps(self).get(key)
         dma = getattr(_tls, "dma", None)
@@ -357,6 +363,8 @@ def targets() -> list[tuple[Any, str, Any]]:
             carry = _block_states(self).pop(_core(info), None)
         elif isinstance(store, StoreSource):
             copied = _copied_states(store, info)
+            if copied is not None and store.merge:
+                copied = _merged_states(copied, value, before)
             if copied is not None and _mark_copy(self, key, rnge, value, mask, copied):
                 return
         tainted = _tainted(np.asarray(value)) if _origin(self) is not None else None
@@ -378,15 +386,19 @@ def targets() -> list[tuple[Any, str, Any]]:
             pass  # an out-of-bounds store: the interpreter raised (or clipped) it already
 
     def store_buffer_content(self: Any, key: Any, rnge: Any, value: Any, *a: Any, **kw: Any) -> Any:
+        info = kw.get("logging_info")
+        before = _before_merge(self, key, rnge, info)
         out = orig_store(self, key, rnge, value, *a, **kw)
-        _mark(self, key, rnge, value, info=kw.get("logging_info"))
+        _mark(self, key, rnge, value, info=info, before=before)
         return out
 
     def swap_buffer_content(
         self: Any, key: Any, rnge: Any, value: Any, mask: Any, *a: Any, **kw: Any
     ) -> Any:
+        info = kw.get("logging_info")
+        before = _before_merge(self, key, rnge, info)
         out = orig_swap(self, key, rnge, value, mask, *a, **kw)
-        _mark(self, key, rnge, value, mask, kw.get("logging_info"))
+        _mark(self, key, rnge, value, mask, info, before)
         return out
 
     orig_call = ipc.interpret_pallas_call
@@ -447,6 +459,32 @@ def _copied_states(store: StoreSource, info: Any) -> np.ndarray | None:
         return None
     moved = store.move(states)
     return moved if moved.shape == store.shape else None
+
+
+def _before_merge(sm: Any, key: Any, rnge: Any, info: Any) -> np.ndarray | None:
+    """What a merging store (``StoreSource.merge``) is about to replace, while it is there."""
+    store = getattr(info, "source_info", None)
+    if not (isinstance(store, StoreSource) and store.merge) or key not in _maps(sm):
+        return None
+    try:
+        return np.array(sm.mem[key].content[tuple(rnge)])
+    except Exception:
+        return None  # out of bounds: the interpreter raises (or clips) it
+
+
+def _merged_states(copied: np.ndarray, value: Any, before: np.ndarray | None) -> np.ndarray | None:
+    """A merging store's states: its load's where it leaves the bits as they were, those of any
+    store (written, or computed from unwritten memory) elsewhere; None if it cannot tell."""
+    value = np.asarray(value)
+    if before is None or before.shape != value.shape or copied.shape != value.shape:
+        return None
+    if before.dtype.itemsize != value.dtype.itemsize or value.dtype.itemsize not in (1, 2, 4, 8):
+        return None
+    bits = np.dtype(f"u{value.dtype.itemsize}")
+    kept = before.view(bits) == value.view(bits)
+    tainted = _tainted(value)
+    fresh = np.where(tainted, DERIVED, WRITTEN) if tainted is not None else WRITTEN
+    return np.where(kept, copied, fresh).astype(np.uint8)
 
 
 def _mark_copy(sm: Any, key: Any, rnge: Any, value: Any, mask: Any, copied: np.ndarray) -> bool:
