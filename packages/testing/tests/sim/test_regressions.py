@@ -134,6 +134,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "nested_ref_views",
         "pinned_buffers",
         "custom_vjp_callbacks",
+        "padded_aliased_outputs",
         "closed_scalars",
         "own_interpret_params",  # tests/sim/test_own_interpret_params.py
         "compile_cache",
@@ -990,3 +991,36 @@ def test_custom_vjp_callbacks() -> None:
             np.testing.assert_allclose(np.asarray(grad(x)), 8 * np.asarray(x), rtol=1e-6)
     with simulate("v5p", 1), config.enable_checks(True):
         np.testing.assert_allclose(np.asarray(grad(x)), 8 * np.asarray(x), rtol=1e-6)
+
+
+# padded_aliased_outputs -------------------------------------------------------------------
+
+
+def add_one_in_place(x: Any) -> Any:
+    """x + 1 into x's own buffer, in (8, 128) blocks over a (16, 16) array: the blocks are
+    padded past the array's 16 columns, as gmm's n=16 output is past its 128-wide tiles."""
+
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref[...] + 1.0
+
+    block = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        grid=(2,),
+        in_specs=[block],
+        out_specs=block,
+        input_output_aliases={0: 0},
+    )(x)
+
+
+def test_padded_aliased_outputs() -> None:
+    # Every supported line reads the aliased output back at the padded input's shape.
+    x = np.arange(16 * 16, dtype=np.float32).reshape(16, 16)
+    with (
+        simulate("v5p", 1, disable_patches=["padded_aliased_outputs"]),
+        pytest.raises(ValueError, match="doesn't match function result type"),
+    ):
+        jax.jit(add_one_in_place)(x)
+    with simulate("v5p", 1):
+        np.testing.assert_array_equal(np.asarray(jax.jit(add_one_in_place)(x)), x + 1)

@@ -1131,6 +1131,12 @@ def _sparsecore_bitcast_targets() -> list[tuple[Any, str, Any]]:
     return sc_bitcast.targets()
 
 
+def _aliased_outputs_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import aliased_outputs
+
+    return aliased_outputs.targets()
+
+
 def _schedule_targets() -> list[tuple[Any, str, Any]]:
     from coremesh.testing.sim import schedule
 
@@ -1455,6 +1461,14 @@ PATCHES: tuple[Patch, ...] = (
         "('No xla_shape_handler for type: AbstractLinVal'), and pin and unpin lower only for TPU "
         "(custom calls 'Pin' and 'Unpin' on a memref type)",
         _pinned_buffers_targets,
+    ),
+    Patch(
+        "padded_aliased_outputs",
+        "an output aliased to an input that is not a whole number of blocks comes back at the "
+        "input's padded shape (interpret_pallas_call reads it as input_args[...], padded by "
+        "pad_to_block_dimension), and lowering fails: 'type of return operand ... doesn't match "
+        "function result type'",
+        _aliased_outputs_targets,
     ),
 )
 
