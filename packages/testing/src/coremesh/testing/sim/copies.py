@@ -223,31 +223,44 @@ def _flow(
                 origin, move = flow[eqn.invars[k]]
                 flow[out] = (origin, _then(move, inner_move))
             elif merges is not None and inner_merges and inner_out in inner_merges:
-                merges[out] = [
-                    (flow[eqn.invars[k]][0], _then(flow[eqn.invars[k]][1], inner_move))
-                    for k, inner_move in inner_merges[inner_out]
+                outer = [
+                    (flow[eqn.invars[k]], inner_move) for k, inner_move in inner_merges[inner_out]
                 ]
+                merges[out] = [(origin, _then(move, inner)) for (origin, move), inner in outer]
     return flow
+
+
+def _parts(eqn: Any) -> tuple[Any, Any, Any, Any, Any] | None:
+    """(ref, transforms, value operand or None, loaded value or None, mask or None) of a load
+    or store (jax's ``get`` / ``swap``, Pallas' ``load`` / ``swap``); None for any other."""
+    from jax._src import tree_util
+    from jax._src.pallas import primitives as pallas_primitives
+    from jax._src.state import primitives as state_primitives
+
+    prim = eqn.primitive
+    if prim is state_primitives.get_p:
+        transforms = tree_util.tree_unflatten(eqn.params["tree"], eqn.invars[1:])
+        return eqn.invars[0], transforms, None, eqn.outvars[0], None
+    if prim is state_primitives.swap_p:
+        transforms = tree_util.tree_unflatten(eqn.params["tree"], eqn.invars[2:])
+        return eqn.invars[0], transforms, eqn.invars[1], None, None
+    if prim is pallas_primitives.load_p:
+        ref, transforms, mask, _ = tree_util.tree_unflatten(eqn.params["args_tree"], eqn.invars)
+        return ref, transforms, None, eqn.outvars[0], mask
+    if prim is pallas_primitives.swap_p:
+        ref, transforms, value, mask = tree_util.tree_unflatten(eqn.params["args_tree"], eqn.invars)
+        return ref, transforms, value, None, mask
+    return None
 
 
 def _place(eqn: Any) -> tuple[Any, ...]:
     """What a plain load or store addresses: its ref and its indices, as written (the same
     variables, or literals of the same values, in the same structure)."""
     from jax._src import tree_util
-    from jax._src.state import primitives as state_primitives
 
-    if eqn.primitive is state_primitives.get_p:
-        ref, transforms = (
-            eqn.invars[0],
-            tree_util.tree_unflatten(eqn.params["tree"], eqn.invars[1:]),
-        )
-    elif eqn.primitive is state_primitives.swap_p:
-        ref, transforms = (
-            eqn.invars[0],
-            tree_util.tree_unflatten(eqn.params["tree"], eqn.invars[2:]),
-        )
-    else:  # Pallas' load_p / swap_p
-        ref, transforms, *_ = tree_util.tree_unflatten(eqn.params["args_tree"], eqn.invars)
+    parts = _parts(eqn)
+    assert parts is not None  # a plain access (_plain_access)
+    ref, transforms = parts[0], parts[1]
     leaves, structure = tree_util.tree_flatten(transforms)
     atoms = tuple(id(a) if _is_var(a) else repr(a.val) for a in leaves)
     return id(ref), atoms, str(structure)
@@ -256,29 +269,13 @@ def _place(eqn: Any) -> tuple[Any, ...]:
 def _plain_access(eqn: Any) -> tuple[Any, Any] | None:
     """(value operand or None, loaded value or None) of a load or store whose transforms are all
     indices and that has no mask; None for any other equation."""
-    from jax._src import tree_util
-    from jax._src.pallas import primitives as pallas_primitives
     from jax._src.state import indexing
-    from jax._src.state import primitives as state_primitives
 
-    prim = eqn.primitive
-    if prim is state_primitives.get_p:
-        transforms = tree_util.tree_unflatten(eqn.params["tree"], eqn.invars[1:])
-        value, loaded = None, eqn.outvars[0]
-    elif prim is state_primitives.swap_p:
-        transforms = tree_util.tree_unflatten(eqn.params["tree"], eqn.invars[2:])
-        value, loaded = eqn.invars[1], None
-    elif prim is pallas_primitives.load_p:
-        _ref, transforms, mask, _ = tree_util.tree_unflatten(eqn.params["args_tree"], eqn.invars)
-        if mask is not None:
-            return None
-        value, loaded = None, eqn.outvars[0]
-    elif prim is pallas_primitives.swap_p:
-        _ref, transforms, value, _mask = tree_util.tree_unflatten(
-            eqn.params["args_tree"], eqn.invars
-        )
-        loaded = None
-    else:
+    parts = _parts(eqn)
+    if parts is None:
+        return None
+    _ref, transforms, value, loaded, mask = parts
+    if mask is not None:
         return None
     if not all(isinstance(t, indexing.NDIndexer) for t in transforms or ()):
         return None
@@ -313,7 +310,7 @@ def tag(jaxpr: Any) -> Any | None:
             continue
         if value in merges:  # a select of loads and computations: a copy of the same place's
             here = _place(eqn)
-            same = [(o, m) for o, m in merges[value] if id(o) in accesses and _place(o) == here]
+            same = [(o, m) for o, m in merges[value] if _place(o) == here]
             if len(same) == 1 and same[0][0] is not eqn:
                 copies[id(eqn)] = same[0]
                 merging.add(id(eqn))

@@ -374,7 +374,7 @@ def targets() -> list[tuple[Any, str, Any]]:
             written = _maps(self)[key] = np.full(self.mem[key].content.shape, WRITTEN, np.uint8)
         try:
             index = tuple(rnge)
-            fresh = np.where(tainted, DERIVED, WRITTEN) if tainted is not None else WRITTEN
+            fresh = _stored(tainted)
             if mask is not None:
                 mask = np.asarray(mask, bool)
                 written[index] = np.where(mask, fresh, written[index])
@@ -461,6 +461,12 @@ def _copied_states(store: StoreSource, info: Any) -> np.ndarray | None:
     return moved if moved.shape == store.shape else None
 
 
+def _stored(tainted: np.ndarray | None) -> Any:
+    """The states a store gives the elements it writes: computed from unwritten memory where its
+    value holds the tagged NaN, written elsewhere."""
+    return np.where(tainted, DERIVED, WRITTEN) if tainted is not None else WRITTEN
+
+
 def _before_merge(sm: Any, key: Any, rnge: Any, info: Any) -> np.ndarray | None:
     """What a merging store (``StoreSource.merge``) is about to replace, while it is there."""
     store = getattr(info, "source_info", None)
@@ -483,7 +489,7 @@ def _merged_states(copied: np.ndarray, value: Any, before: np.ndarray | None) ->
     bits = np.dtype(f"u{value.dtype.itemsize}")
     kept = before.view(bits) == value.view(bits)
     tainted = _tainted(value)
-    fresh = np.where(tainted, DERIVED, WRITTEN) if tainted is not None else WRITTEN
+    fresh = _stored(tainted)
     return np.where(kept, copied, fresh).astype(np.uint8)
 
 
@@ -500,7 +506,7 @@ def _mark_copy(sm: Any, key: Any, rnge: Any, value: Any, mask: Any, copied: np.n
     states = copied
     if (states == PENDING).any():
         tainted = _tainted(value)
-        fresh = np.where(tainted, DERIVED, WRITTEN) if tainted is not None else WRITTEN
+        fresh = _stored(tainted)
         states = np.where(states == PENDING, fresh, states)
     stale = states != WRITTEN
     if mask is not None:
