@@ -564,6 +564,13 @@ def test_num_programs_of_a_pipeline_with_a_run_time_grid_is_refused() -> None:
             config.use_emit_pipeline_primitive(True),
         ):
             np.testing.assert_array_equal(np.asarray(pipeline_plus_size(x, dynamic=True)), x)
+    else:  # the gate is the patch, not the version: without it, 0.10.2 refuses too
+        with (
+            simulate("v5p", 1, disable_patches=["pipeline_primitive"]),
+            config.use_emit_pipeline_primitive(True),
+            pytest.raises(NotSimulatedError, match=r"pl.num_programs\(\) in the body"),
+        ):
+            pipeline_plus_size(x, dynamic=True)
 
 
 def block_sum(x: Any, *, reduce_last: bool, revisit: Any = None) -> Any:

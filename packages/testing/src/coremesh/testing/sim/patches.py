@@ -1558,6 +1558,11 @@ def enabled() -> frozenset[str]:
     return _state.enabled
 
 
+def in_force(name: str) -> bool:
+    """Is patch ``name`` applied now: enabled in this simulate() and needed by this jax?"""
+    return name in _state.enabled and any(p.name == name and p.needed() for p in PATCHES)
+
+
 def _clear_caches() -> None:
     jax_compat.tpu_info_module().get_tpu_info.cache_clear()
 

@@ -18,7 +18,6 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from coremesh.core import jax_versions
 from coremesh.core.capacity import check_fits
 from coremesh.core.chips import Chip
 from coremesh.core.errors import (
@@ -358,12 +357,15 @@ def check_dynamic_pipeline_sizes(jaxpr: Any, label: str, chip: str) -> None:
     body the kernel's grid sizes, 0 past them (interpret_pallas_call.py, ``pipeline_body_p``),
     so JAX's ``test_num_programs_vmap`` wrote 0 where the chip writes 4, and an index map's
     ``num_programs`` failed with an ``IndexError``. A static grid is resolved as the pipeline is
-    traced, and runs. jax 0.10.2's interpreter has no rule for the primitive: patch
-    ``pipeline_primitive`` expands it as Mosaic lowers it, with the pipeline's sizes, so it runs."""
+    traced, and runs. Where patch ``pipeline_primitive`` is in force (jax 0.10.2, whose
+    interpreter has no rule for the primitive), it expands the primitive as Mosaic lowers it,
+    with the pipeline's sizes, so such a kernel runs."""
     from jax._src.pallas import core as pallas_core
     from jax._src.pallas import primitives
 
-    if not jax_versions.at_least("0.11.0"):
+    from coremesh.testing.sim import patches
+
+    if patches.in_force("pipeline_primitive"):
         return
     for eqn in all_eqns(jaxpr):
         grid_mapping = (
