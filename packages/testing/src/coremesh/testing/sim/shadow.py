@@ -622,6 +622,8 @@ def _mark_pending(sm: Any, ipc: Any, dma: Any) -> None:
     try:
         index = tuple(ipc.interpret_utils.to_range(dma.dst_transforms))
         states = written[index]
+        if states.all():  # nothing unwritten (UNWRITTEN is 0): a buffer refilled, the common case
+            return
         written[index] = np.where(states == UNWRITTEN, PENDING, states)
     except Exception:  # a range the interpreter rejects: its own error comes at the write
         return
