@@ -373,6 +373,42 @@ def test_the_runner_gives_up_on_a_file_after_hangs_in_a_row(tmp_path: Path) -> N
     assert (run.unrun, run.gave_up) == (0, None)
 
 
+SLOW = """
+import time
+import unittest
+
+
+class SlowTest(unittest.TestCase):
+
+  def test_slow(self):
+    time.sleep(4)
+
+  def test_quick(self):
+    pass
+"""
+
+
+def _outcomes(run: FileRun) -> dict[str, tuple[Status, str]]:
+    return {r.nodeid.rsplit("::", 1)[-1]: (r.status, r.message) for r in run.results}
+
+
+def test_a_test_measured_to_be_slow_gets_a_watchdog_of_its_own(tmp_path: Path) -> None:
+    """The watchdog is for hangs: a test known to take longer than ``timeout`` gets twice its
+    measured time, in pytest-timeout and in the runner's stall check; the others keep
+    ``timeout``, and a hang past its own watchdog names that watchdog."""
+    tree, files = _one_file(tmp_path, "tpu_slow_test", SLOW)
+    node = "tpu_slow_test.py::SlowTest::test_slow"
+    (plain,) = run_tree(tree, files, ["stock"], tmp_path / "plain", timeout=2, slow={})
+    assert _outcomes(plain) == {
+        "test_quick": ("pass", ""),
+        "test_slow": ("hang", "no result within 2 s (pytest-timeout)"),
+    }
+    (known,) = run_tree(tree, files, ["stock"], tmp_path / "known", timeout=2, slow={node: 4})
+    assert _outcomes(known) == {"test_quick": ("pass", ""), "test_slow": ("pass", "")}
+    (short,) = run_tree(tree, files, ["stock"], tmp_path / "short", timeout=2, slow={node: 1.5})
+    assert _outcomes(short)["test_slow"] == ("hang", "no result within 3 s (pytest-timeout)")
+
+
 def test_with_several_jobs_the_files_that_took_longest_last_time_start_first(
     tmp_path: Path,
 ) -> None:

@@ -30,6 +30,7 @@ from coremesh.testing.upstream.last_run import FileKey
 from coremesh.testing.upstream.needs import most_devices
 from coremesh.testing.upstream.parts import WHOLE, Part, Timed, joined, plan
 from coremesh.testing.upstream.tree import TestTree
+from coremesh.testing.upstream.typical import SLOW_TEST_SECONDS, watchdog_seconds
 
 #: Test files a run takes when not told which.
 DEFAULT_GLOB = "tpu_*_test.py"
@@ -105,10 +106,12 @@ def child_command(
     keyword: str | None = None,
     only: Sequence[str] = (),
     only_file: Path | None = None,
+    budgets_file: Path | None = None,
     python: str = sys.executable,
 ) -> list[str]:
     """The child's pytest command line; ``only``: node ids of ``file`` to run (default all);
-    ``only_file``: a file of node ids to run, those the file no longer has ignored."""
+    ``only_file``: a file of node ids to run, those the file no longer has ignored;
+    ``budgets_file``: lines of node id and seconds, tests whose watchdog is not ``timeout``."""
     targets = [f"{file}::{nodeid.split('::', 1)[1]}" for nodeid in only] or [str(file)]
     cmd = [python, "-m", "pytest", *targets, "-c", str(ini), "--rootdir", str(tree.tests)]
     cmd += ["-p", "coremesh.testing.upstream.shims", "-p", "no:cacheprovider", "-q"]
@@ -117,6 +120,8 @@ def child_command(
     cmd += ["--upstream-events", str(events), "--upstream-done", str(done)]
     if only_file is not None:
         cmd += ["--upstream-only", str(only_file)]
+    if budgets_file is not None:
+        cmd += ["--upstream-budgets", str(budgets_file)]
     if mode == "stock":
         cmd += ["-p", "no:coremesh"]  # stock jax: no simulator, no host-device arrangement
     if keyword:
@@ -182,11 +187,13 @@ def run_file(
     memory_limit: int | None = None,
     give_up: int | None = None,
     part: Part = WHOLE,
+    slow: Mapping[str, float] = SLOW_TEST_SECONDS,
 ) -> FileRun:
     """Every test of ``file`` in ``mode`` (of ``part`` of it), restarting the child after a hang,
     a crash or going over ``memory_limit`` bytes; after ``give_up`` hangs in a row, the rest is
     left unrun (stock interpret mode deadlocks on whole files: 859 tests of 180 s would take 43
-    hours)."""
+    hours). A test ``slow`` names (node id -> seconds it was measured to take) has a watchdog
+    of twice that where ``timeout`` is less."""
     work = Path(out_dir) / "work" / mode
     logs = Path(out_dir) / "logs" / mode
     work.mkdir(parents=True, exist_ok=True)
@@ -208,12 +215,19 @@ def run_file(
     done: list[str] = sorted(part.others)
     started = time.perf_counter()
     env = child_environment(mode, file.name)
+    budgets = watchdog_seconds(file.name, timeout, slow)
+    budgets_file = None
+    if budgets:
+        budgets_file = work / f"{stem}.budgets"
+        budgets_file.write_text("".join(f"{n} {s:g}\n" for n, s in sorted(budgets.items())))
+    stall_s = max([timeout, *budgets.values()]) + STALL_GRACE_S
     while True:
         done_path.write_text("\n".join(done) + "\n")
         events.unlink(missing_ok=True)
         cmd = child_command(
             tree, file, mode, timeout=timeout, events=events, done=done_path, ini=ini,
-            keyword=keyword, only=only, only_file=only_file, python=python,
+            keyword=keyword, only=only, only_file=only_file, budgets_file=budgets_file,
+            python=python,
         )  # fmt: skip
         offset = log_path.stat().st_size
         with log_path.open("ab") as log:
@@ -221,7 +235,7 @@ def run_file(
                 cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
-            stopped = _wait(proc, events, timeout + STALL_GRACE_S, memory_limit)
+            stopped = _wait(proc, events, stall_s, memory_limit)
         run.processes += 1
         got = read_events(events)
         run.results += got.results
@@ -241,9 +255,10 @@ def run_file(
             message = f"over {gib:.1f} GiB of host memory; the runner stopped it"
         elif stopped:
             status = "hang"
-            message = f"no progress in {timeout + STALL_GRACE_S:g} s; the runner stopped it"
+            message = f"no progress in {stall_s:g} s; the runner stopped it"
         elif _TIMEOUT_BANNER.search(text):
-            status, message = "hang", f"no result within {timeout:g} s (pytest-timeout)"
+            budget = budgets.get(got.unfinished, timeout)
+            status, message = "hang", f"no result within {budget:g} s (pytest-timeout)"
         else:
             status = "error"
             message = f"the test process ended (exit code {proc.returncode}): {last_line(text)}"
@@ -292,6 +307,7 @@ def run_tree(
     give_up: int | None = None,
     previous_seconds: Mapping[FileKey, float] | None = None,
     previous_tests: Timed | None = None,
+    slow: Mapping[str, float] = SLOW_TEST_SECONDS,
 ) -> list[FileRun]:
     """Each file in each mode, ``jobs`` processes at a time; the result in file, then mode,
     order; ``progress`` hears of each as it finishes. ``only``: per file name, the node ids
@@ -300,7 +316,8 @@ def run_tree(
     longest start first (files not timed before first of all), so a long file does not start
     last and run alone. ``previous_tests``: each test's seconds last time; with several jobs a
     file longer than its share is split across processes (:mod:`~.parts`). Both come from
-    :func:`~coremesh.testing.upstream.last_run.read_last_run`."""
+    :func:`~coremesh.testing.upstream.last_run.read_last_run`. ``slow``: tests measured to take
+    longer than ``timeout`` (:data:`~.typical.SLOW_TEST_SECONDS`), which get their own watchdog."""
     if not files:
         raise CoremeshError(
             f"no test files selected in {tree.tests}",
@@ -338,6 +355,7 @@ def run_tree(
             # A simulator run's hang is a slow test (its deadlocks raise): it never gives up.
             give_up=give_up if mode == "stock" else None,
             part=part,
+            slow=slow,
         )
         with lock:
             got = pieces[(file, mode)]

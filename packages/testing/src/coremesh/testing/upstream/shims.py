@@ -46,6 +46,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="file of the node ids to run (the others are another process's; ids the file "
         "no longer has are ignored)",
     )
+    group.addoption(
+        "--upstream-budgets",
+        default=None,
+        help="file of lines 'node id seconds': tests whose watchdog is not --timeout",
+    )
 
 
 class _State:
@@ -60,6 +65,9 @@ class _State:
         self.done = set(Path(done).read_text().split()) if done else set()
         only = config.getoption("--upstream-only")
         self.only = set(Path(only).read_text().split()) if only else None
+        budgets = config.getoption("--upstream-budgets")
+        lines = Path(budgets).read_text().splitlines() if budgets else []
+        self.budgets = {n: float(s) for n, s in (line.rsplit(" ", 1) for line in lines if line)}
         self.status: dict[str, tuple[Status, str]] = {}
         self.started: dict[str, float] = {}
 
@@ -120,6 +128,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=[i for i in items if id(i) not in kept])
         items[:] = keep
     state.write("collected", nodeids=[i.nodeid for i in items])
+    for item in items:  # pytest-timeout reads a test's own marker before --timeout
+        if item.nodeid in state.budgets:
+            item.add_marker(pytest.mark.timeout(state.budgets[item.nodeid]))
     if items:  # after collection, so a file whose imports fail never starts jax here
         state.gates = gates.install()
 
