@@ -12,10 +12,11 @@ import dataclasses
 import numbers
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from coremesh.core import CHIPS, ChipError, UnsupportedOnChipError, get_chip, jax_compat
-from coremesh.core.dtypes import check_matmul_dtypes
+from coremesh.core.dtypes import check_matmul_dtypes, mxu_operand
 
 tpu_info = jax_compat.tpu_info_module()
 
@@ -181,3 +182,20 @@ def test_sparsecore_register_shape_comes_from_lanes() -> None:
 def test_default_topologies() -> None:
     assert get_chip("v5e").default_topology == "v5e:2x2"
     assert get_chip("TPU7x").default_topology == "TPU7x:2x2x1"
+
+
+def test_mxu_operand_rounds_float32_to_the_nearest_bfloat16_ties_to_even() -> None:
+    # bfloat16 keeps 7 mantissa bits: near 1 its values are 2**-7 apart.
+    ulp = 2.0**-7
+    x = np.array(
+        [1 + ulp / 2, 1 + 3 * ulp / 2, 1 + ulp / 2 + 2.0**-20, -(1 + ulp / 4), 3.0], np.float32
+    )
+    want = np.array([1.0, 1 + 2 * ulp, 1 + ulp, -1.0, 3.0], np.float32)
+    got = mxu_operand(x)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
+    assert isinstance(mxu_operand(jnp.asarray(x)), type(jnp.asarray(x)))
+    np.testing.assert_array_equal(np.asarray(mxu_operand(jnp.asarray(x))), want)
+    ints = np.arange(4, dtype=np.int32)
+    assert mxu_operand(ints) is ints
+    assert np.isnan(mxu_operand(np.array([np.nan], np.float32))).all()

@@ -24,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 import coremesh.core as cc
 import coremesh.tensorcore as tc
 from coremesh.core import backends
+from coremesh.core.dtypes import mxu_operand
 from coremesh.testing.conformance import BackendSuite, TensorCoreKernelSuite
 
 pytestmark = pytest.mark.sim(devices=2)
@@ -149,7 +150,8 @@ def test_tensorcore_ops_run_through_it(built: list[cc.KernelSpec], sim: Any) -> 
 
     np.testing.assert_allclose(np.asarray(tc.map_blocks(jnp.tanh, x)), np.tanh(x), rtol=1e-5)
     assert len(built) == 1
-    np.testing.assert_allclose(np.asarray(tc.matmul(x, y)), x @ y, rtol=2e-4, atol=2e-3)
+    want = mxu_operand(x).astype(np.float64) @ mxu_operand(y)  # the MXU's default precision
+    np.testing.assert_allclose(np.asarray(tc.matmul(x, y)), want, rtol=2e-4, atol=2e-3)
     np.testing.assert_allclose(
         np.asarray(tc.reduce(x, axis=0)), x.sum(axis=0), rtol=1e-4, atol=1e-3
     )

@@ -18,6 +18,7 @@ from jax._src import core as jax_core
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from coremesh.core.dtypes import mxu_operand
 from coremesh.testing.sim import NotSimulatedError, simulate
 from coremesh.testing.sim.patches import PATCHES
 
@@ -100,7 +101,8 @@ def inputs() -> tuple[np.ndarray, np.ndarray]:
 def check_matmul() -> None:
     x, y = inputs()
     got = np.asarray(jax.jit(matmul)(x, y))
-    np.testing.assert_allclose(got, x.astype(np.float64) @ y, rtol=1e-5, atol=1e-4)
+    want = mxu_operand(x).astype(np.float64) @ mxu_operand(y)  # default precision: the MXU's
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
 
 
 def check_nested() -> None:

@@ -135,6 +135,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "pinned_buffers",
         "custom_vjp_callbacks",
         "padded_aliased_outputs",
+        "chip_matmul",  # test_chip_matmul.py
         "closed_scalars",
         "own_interpret_params",  # tests/sim/test_own_interpret_params.py
         "compile_cache",

@@ -44,6 +44,23 @@ def dtype_name(dtype: Any) -> str:
         return str(getattr(dtype, "name", dtype))
 
 
+def mxu_operand(x: Any) -> Any:
+    """``x`` as a TPU's MXU multiplies it at the default precision (``jnp.dot``, ``@`` and
+    ``einsum`` without ``precision=``, in kernels and out): a ``float32`` operand rounded to the
+    nearest ``bfloat16`` (kept ``float32``); other dtypes as they are. A numpy array stays one,
+    a jax array or tracer stays one. The products of such operands are exact in ``float32``, so a
+    reference computes ``mxu_operand(a) @ mxu_operand(b)`` at full precision to get what the
+    chip gets, up to the order of its sums. (Evaluate it eagerly for numbers: under ``jit``,
+    XLA:CPU may drop the pair of conversions where excess precision is allowed.)"""
+    import ml_dtypes
+
+    if not hasattr(x, "astype"):
+        x = np.asarray(x)
+    if np.dtype(x.dtype) != np.float32:
+        return x
+    return x.astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
 def itemsize(dtype: Any) -> int:
     """Bytes per element; an extended dtype's (a PRNG key, a semaphore) are those of the
     array jax stores it as (a threefry key: two uint32)."""

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from coremesh.core.dtypes import mxu_operand
 from coremesh.testing.shipped.entry import ShippedKernel, single_device
 
 
@@ -23,10 +24,11 @@ def _kernel(x: Any, y: Any) -> Any:
 
 
 def _reference(x: Any, y: Any) -> Any:
+    """The kernel's default-precision dots: the MXU's ``bfloat16`` operands, exact products."""
     import jax
     import jax.numpy as jnp
 
-    return jnp.dot(x, y, precision=jax.lax.Precision.HIGHEST)
+    return jnp.dot(mxu_operand(x), mxu_operand(y), precision=jax.lax.Precision.HIGHEST)
 
 
 KERNELS = (

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from coremesh.core.dtypes import mxu_operand
 from coremesh.testing.shipped.entry import ShippedKernel, single_device
 
 GROUP_SIZES, K, N, TILE = (100, 0, 156), 128, 128, 128
@@ -26,10 +27,11 @@ def _gmm(lhs: Any, rhs: Any, group_sizes: Any) -> Any:
 
 
 def _reference(lhs: Any, rhs: Any, group_sizes: Any) -> Any:
-    """Row r of lhs times the rhs of the group r falls in."""
+    """Row r of lhs times the rhs of the group r falls in (the MXU's operands, exact products)."""
     import jax.numpy as jnp
 
     group = jnp.searchsorted(jnp.cumsum(group_sizes), jnp.arange(lhs.shape[0]), side="right")
+    lhs, rhs = mxu_operand(lhs), mxu_operand(rhs)
     return jnp.einsum("mk,mkn->mn", lhs, rhs[group], precision="highest")
 
 

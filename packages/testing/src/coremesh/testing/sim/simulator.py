@@ -106,6 +106,7 @@ class Simulator:
         schedule: Schedule | None = None,
         disable_patches: Collection[str] = (),
         fast_path: bool | Literal["auto"] = "auto",
+        matmul: Literal["chip", "host"] = "chip",
     ) -> None:
         record = get_chip(chip)
         if record.name not in _CHIP_VERSIONS:
@@ -163,6 +164,13 @@ class Simulator:
                 "core-local kernels run as compiled XLA where it pays ('auto'), wherever they "
                 "can (True), or all kernels run in the interpreter (False)",
             )
+        if matmul not in ("chip", "host"):
+            raise CoremeshError(
+                f"matmul={matmul!r}",
+                rule="matrix products are the chip's MXU's ('chip': float32 operands at the "
+                "default precision rounded to bfloat16) or XLA:CPU's own ('host')",
+                fix="pass matmul='chip' or 'host'",
+            )
         unknown = set(disable_patches) - set(patches.PATCH_NAMES)
         if unknown:
             raise CoremeshError(
@@ -176,8 +184,10 @@ class Simulator:
         self._n = devices
         self._races = races
         self._deadline = float(deadline)
-        self._disabled = frozenset(disable_patches) | (
-            frozenset() if check_uninitialized else frozenset({"uninitialized_reads"})
+        self._disabled = (
+            frozenset(disable_patches)
+            | (frozenset() if check_uninitialized else frozenset({"uninitialized_reads"}))
+            | (frozenset() if matmul == "chip" else frozenset({"chip_matmul"}))
         )
         self._params = SimParams(
             chip=self._chip,
@@ -394,6 +404,7 @@ def simulate(
     schedule: Schedule | None = None,
     disable_patches: Collection[str] = (),
     fast_path: bool | Literal["auto"] = "auto",
+    matmul: Literal["chip", "host"] = "chip",
 ) -> Simulator:
     """A context in which unchanged Pallas TPU code runs on the CPU as ``devices`` x ``chip``.
 
@@ -435,6 +446,11 @@ def simulate(
         (upstream's interpreter plus the fixes: the reference the fast path is tested
         against). Every kernel under ``races=True``, a ``schedule`` or ``disable_patches`` is
         interpreted. ``sim.paths`` says which path each kernel took, and why.
+      matmul: ``"chip"`` (the default) computes every ``dot_general`` in the context, in
+        kernels and out, as the chip's MXU does: ``float32`` operands at the default precision
+        rounded to ``bfloat16``, products summed without rounding, so a kernel and its ``jnp``
+        reference agree as they do on the chip (:mod:`coremesh.testing.sim.chip_matmul`);
+        ``"host"`` keeps XLA:CPU's ``float32`` products.
 
     It is always the simulator. Tests that should also run on a TPU VM (``nox -s tpu_tests``)
     take their slice from the pytest plugin's ``sim`` or ``slice_target`` fixture instead, which
@@ -459,4 +475,5 @@ def simulate(
         schedule=schedule,
         disable_patches=disable_patches,
         fast_path=fast_path,
+        matmul=matmul,
     )

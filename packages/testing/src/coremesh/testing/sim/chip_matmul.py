@@ -1,0 +1,185 @@
+"""Matrix products as a TPU computes them: ``dot_general`` on a simulated device.
+
+A TPU multiplies on its MXU. A ``float32`` operand at the default precision (``precision=None``
+or ``DEFAULT``, what ``jnp.dot``, ``@`` and ``einsum`` use unless told otherwise) is rounded to
+``bfloat16`` first; the products of ``bfloat16`` values are exact in ``float32`` and are summed
+in ``float32``. XLA:TPU does this outside kernels and Mosaic inside them, the same way, so a
+kernel and its ``jnp`` reference agree on the chip. XLA:CPU multiplies ``float32`` operands as
+they are and sums them in an order that depends on the shapes, so on the host a blocked kernel
+and a whole-matrix reference differ in their last bits, and a kernel that rounds to ``bfloat16``
+itself differs from a ``float32`` reference by about 1e-2. JAX's own TPU tests compare such
+pairs at the chip's tolerances (``tpu_pallas_pipeline_test``'s matmuls at ``atol=5e-5`` on
+values near 128, paged attention's ``bfloat16`` kernel against a ``float32`` reference at
+``atol=1e-2``).
+
+Inside :func:`coremesh.testing.simulate` the CPU lowering of ``dot_general`` with ``float32``
+or ``bfloat16`` operands and result does what the MXU does to the operands and sums the products
+without rounding (in ``float64``), then rounds once to the result type: results do not depend
+on how a matrix was split into blocks (the chip's own order of ``float32`` sums is not
+modelled), and ``float32`` operands at the default precision are rounded to ``bfloat16`` as on
+the chip. ``HIGH`` and ``HIGHEST`` keep ``float32`` operands as they are, and so does a
+matrix-vector product (:func:`on_vector_unit`). Integer, ``float16``,
+8-bit float and ``float64`` products, and products given a ``DotAlgorithm``, lower as upstream.
+``simulate(matmul="host")`` keeps XLA:CPU's own products.
+
+The choice is a jax configuration state in every jit cache key, so a function compiled outside
+the simulator is compiled again inside it, and the other way round.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+#: The jax configuration state that says whether products are the chip's (set by the patch).
+STATE_NAME = "coremesh_chip_matmul"
+
+_ROUNDED = (np.dtype(np.float32),)
+_MODELLED = (np.dtype(np.float32), np.dtype("bfloat16"))
+
+
+@functools.cache
+def state() -> Any:
+    """The configuration state (registered once: jax refuses a second state of one name)."""
+    from jax._src import config
+
+    return config.bool_state(
+        STATE_NAME,
+        False,
+        help="dot_general lowers for the CPU as a TPU's MXU computes it (coremesh simulator)",
+        include_in_jit_key=True,
+        include_in_trace_context=True,
+    )
+
+
+class _Switch:
+    """The state's global value as the attribute ``on``, so the patch sets and restores it as
+    it does any attribute."""
+
+    __slots__ = ()
+
+    @property
+    def on(self) -> bool:
+        return bool(state().value)
+
+    @on.setter
+    def on(self, value: bool) -> None:
+        import jax
+
+        jax.config.update(STATE_NAME, bool(value))
+
+
+SWITCH = _Switch()
+
+
+def _rounds(precision: Any, index: int) -> bool:
+    """Does ``precision`` (a ``dot_general`` parameter) leave operand ``index`` at the default?"""
+    from jax import lax
+
+    if precision is None:
+        return True
+    if isinstance(precision, tuple):
+        precision = precision[index]
+    return precision is None or precision == lax.Precision.DEFAULT
+
+
+def _is_precision(precision: Any) -> bool:
+    """Is ``precision`` absent or a ``Precision`` (not a ``DotAlgorithm`` or its preset)?"""
+    from jax import lax
+
+    parts = precision if isinstance(precision, tuple) else (precision,)
+    return all(p is None or isinstance(p, lax.Precision) for p in parts)
+
+
+def on_vector_unit(avals_in: Any, dimension_numbers: Any) -> bool:
+    """Is this a matrix-vector product, which Mosaic computes on the VPU in ``float32`` (no
+    ``bfloat16`` rounding)? A 1-D operand, or Mosaic's own case of a ``(1, K)`` right operand
+    contracted on its last dimension with operands not both ``float32`` (``lowering.py``
+    ``_dot_general_lowering_rule``). JAX's ``test_sum_of_two_matmuls`` compares such a kernel
+    with a ``HIGHEST``-precision reference at ``atol=1e-5``."""
+    lhs, rhs = avals_in
+    if lhs.ndim < 2 or rhs.ndim < 2:
+        return True
+    (contracting, _) = dimension_numbers
+    return (
+        tuple(contracting) == ((1,), (1,))
+        and lhs.ndim == rhs.ndim == 2
+        and rhs.shape[0] == 1
+        and not (np.dtype(lhs.dtype) == np.dtype(rhs.dtype) == np.float32)
+    )
+
+
+def modelled(avals_in: Any, avals_out: Any, precision: Any) -> bool:
+    """Does the chip model cover this ``dot_general`` (else it lowers as upstream)?"""
+    dtypes = [np.dtype(a.dtype) for a in (*avals_in, *avals_out)]
+    return all(d in _MODELLED for d in dtypes) and _is_precision(precision)
+
+
+def to_bfloat16(x: Any) -> Any:
+    """``float32`` ``x`` rounded to the nearest ``bfloat16`` (ties to even), still ``float32``.
+
+    Integer arithmetic on the bits: XLA may keep excess precision through a ``float32 ->
+    bfloat16 -> float32`` pair of conversions (``xla_allow_excess_precision``, on by default),
+    and no pass skips integer operations. NaNs pass unchanged (the uninitialized-read taint is a
+    NaN payload)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    bits = lax.bitcast_convert_type(x, jnp.uint32)
+    bias = jnp.uint32(0x7FFF) + ((bits >> 16) & jnp.uint32(1))
+    rounded = lax.bitcast_convert_type((bits + bias) & jnp.uint32(0xFFFF0000), jnp.float32)
+    return jnp.where(jnp.isnan(x), x, rounded)
+
+
+def lowering(base: Any) -> Any:
+    """The CPU lowering rule of ``dot_general``: ``base`` (upstream's) unless the state is on
+    and :func:`modelled` covers the product."""
+    from jax._src.interpreters import mlir
+
+    rounding = mlir.lower_fun(to_bfloat16, multiple_results=False)
+
+    def rule(ctx: Any, lhs: Any, rhs: Any, *, precision: Any, **params: Any) -> Any:
+        if not state().value or not modelled(ctx.avals_in, ctx.avals_out, precision):
+            return base(ctx, lhs, rhs, precision=precision, **params)
+        wide = []
+        vector = on_vector_unit(ctx.avals_in, params["dimension_numbers"])
+        for k, (operand, aval) in enumerate(zip((lhs, rhs), ctx.avals_in, strict=True)):
+            x = operand
+            if np.dtype(aval.dtype) in _ROUNDED and _rounds(precision, k) and not vector:
+                (x,) = rounding(ctx.replace(avals_in=[aval], avals_out=[aval]), operand)
+            wide.append(mlir.convert_hlo(ctx, x, aval, aval.update(dtype=np.float64)))
+        (out_aval,) = ctx.avals_out
+        f64, f32 = out_aval.update(dtype=np.float64), out_aval.update(dtype=np.float32)
+        inner = ctx.replace(
+            avals_in=[a.update(dtype=np.float64) for a in ctx.avals_in], avals_out=[f64]
+        )
+        params["preferred_element_type"] = np.dtype(np.float64)
+        (out,) = base(inner, *wide, precision=None, **params)
+        out = mlir.convert_hlo(ctx, out, f64, f32)
+        if np.dtype(out_aval.dtype) != np.float32:
+            out = mlir.convert_hlo(ctx, out, f32, out_aval)
+        return [out]
+
+    return rule
+
+
+def targets() -> list[tuple[Any, str, Any]]:
+    """The patch: the CPU lowering rule of ``dot_general``, and the state on."""
+    from jax import lax
+    from jax._src.interpreters import mlir
+
+    from coremesh.testing.sim.pinned_buffers import table_entry
+
+    state()
+    cpu = mlir._platform_specific_lowerings["cpu"]
+    entry = cpu.get(lax.dot_general_p) or mlir._lowerings[lax.dot_general_p]
+    return [
+        (
+            table_entry(cpu, lax.dot_general_p),
+            "entry",
+            mlir.LoweringRuleEntry(lowering(entry.rule), entry.inline),
+        ),
+        (SWITCH, "on", True),
+    ]
