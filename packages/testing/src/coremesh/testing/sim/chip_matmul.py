@@ -13,17 +13,20 @@ values near 128, paged attention's ``bfloat16`` kernel against a ``float32`` ref
 ``atol=1e-2``).
 
 Inside :func:`coremesh.testing.simulate` the CPU lowering of ``dot_general`` with ``float32``
-or ``bfloat16`` operands and result does what the MXU does to the operands and sums the products
-without rounding (in ``float64``), then rounds once to the result type: results do not depend
-on how a matrix was split into blocks (the chip's own order of ``float32`` sums is not
-modelled), and ``float32`` operands at the default precision are rounded to ``bfloat16`` as on
-the chip. ``HIGH`` and ``HIGHEST`` keep ``float32`` operands as they are, and so does a
-matrix-vector product (:func:`on_vector_unit`). Integer, ``float16``,
-8-bit float and ``float64`` products, and products given a ``DotAlgorithm``, lower as upstream.
+or ``bfloat16`` operands and result does to the operands what the MXU does, and sums the
+contraction in passes of the chip's MXU width (128 on v4/v5e/v5p, 256 on v6e/TPU7x): each pass
+summed without rounding (in ``float64``) and rounded to ``float32``, the passes added in order
+to a ``float32`` accumulator (:func:`chunked`), then one rounding to the result type. So a kernel
+that blocks K at the MXU's width equals its whole-matrix reference bit for bit, as JAX's tests
+expect of a v5 (how the MXU sums inside a pass is not modelled: exactly, here). ``float32``
+operands at the default precision are rounded to ``bfloat16`` as on the chip. ``HIGH`` and
+``HIGHEST`` keep ``float32`` operands as they are, and so does a matrix-vector product
+(:func:`on_vector_unit`, summed exactly). Integer, ``float16``, 8-bit float and ``float64``
+products, and products given a ``DotAlgorithm``, lower as upstream.
 ``simulate(matmul="host")`` keeps XLA:CPU's own products.
 
-The choice is a jax configuration state in every jit cache key, so a function compiled outside
-the simulator is compiled again inside it, and the other way round.
+The width is a jax configuration state in every jit cache key (0 outside the simulator), so a
+function compiled outside the simulator, or for another chip, is compiled again.
 """
 
 from __future__ import annotations
@@ -42,36 +45,30 @@ _MODELLED = (np.dtype(np.float32), np.dtype("bfloat16"))
 
 @functools.cache
 def state() -> Any:
-    """The configuration state (registered once: jax refuses a second state of one name)."""
+    """The configuration state: the simulated chip's MXU width, 0 outside the simulator
+    (registered once: jax refuses a second state of one name)."""
     from jax._src import config
 
-    return config.bool_state(
+    return config.int_state(
         STATE_NAME,
-        False,
-        help="dot_general lowers for the CPU as a TPU's MXU computes it (coremesh simulator)",
+        0,
+        help="the MXU width dot_general is lowered for on the CPU, 0: XLA:CPU's own (coremesh)",
         include_in_jit_key=True,
         include_in_trace_context=True,
     )
 
 
-class _Switch:
-    """The state's global value as the attribute ``on``, so the patch sets and restores it as
-    it does any attribute."""
+def sync(on: bool) -> None:
+    """Set the state to the innermost simulated chip's MXU width (``on``: the patch is in
+    force), or 0 outside every simulator. The patches call it as a context opens and closes."""
+    import jax
 
-    __slots__ = ()
+    from coremesh.testing.sim.chip import active_slice
 
-    @property
-    def on(self) -> bool:
-        return bool(state().value)
-
-    @on.setter
-    def on(self, value: bool) -> None:
-        import jax
-
-        jax.config.update(STATE_NAME, bool(value))
-
-
-SWITCH = _Switch()
+    slice_ = active_slice()
+    width = slice_.simulated_chip.chip.mxu_size if on and slice_ is not None else 0
+    if state().value != width:
+        jax.config.update(STATE_NAME, width)
 
 
 def _rounds(precision: Any, index: int) -> bool:
@@ -133,6 +130,56 @@ def to_bfloat16(x: Any) -> Any:
     return jnp.where(jnp.isnan(x), x, rounded)
 
 
+def chunked(
+    lhs: Any,
+    rhs: Any,
+    *,
+    dimension_numbers: Any,
+    width: int,
+    rounded: tuple[bool, bool],
+    out_dtype: Any,
+) -> Any:
+    """A product whose one contracting dimension is longer than the MXU: the contraction in
+    passes of ``width`` (the last padded with zeros), each pass's exact sum rounded to
+    ``float32`` and added to a ``float32`` accumulator in order, as the MXU accumulates.
+
+    A kernel that blocks K at the MXU's width and adds each block's product to a ``float32``
+    scratch gets the same numbers, bit for bit (JAX's ``test_stateful_matmul`` compares one with
+    ``x @ y`` at ``atol=0`` on v5, whose MXU is 128 wide, and at ``2e-5`` on v6 and later: 256
+    wide, a kernel's 128-row blocks no longer line up with the passes). The passes are one
+    ``dot_general`` at ``HIGHEST`` precision with the pass as a batch dimension, which
+    :func:`lowering` sums exactly."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    lhs, rhs = (to_bfloat16(x) if r else x for x, r in zip((lhs, rhs), rounded, strict=True))
+    ((lc,), (rc,)), (lb, rb) = dimension_numbers
+    size = lhs.shape[lc]
+    passes = -(-size // width)
+
+    def split(x: Any, dim: int) -> Any:
+        pad = [(0, 0, 0)] * x.ndim
+        pad[dim] = (0, passes * width - size, 0)
+        x = lax.pad(x, jnp.zeros((), x.dtype), pad)
+        return x.reshape((*x.shape[:dim], passes, width, *x.shape[dim + 1 :]))
+
+    def moved(dims: Any, cut: int) -> tuple[int, ...]:
+        return tuple(d + 1 if d > cut else d for d in dims)
+
+    parts = lax.dot_general(
+        split(lhs, lc),
+        split(rhs, rc),
+        (((lc + 1,), (rc + 1,)), ((*moved(lb, lc), lc), (*moved(rb, rc), rc))),
+        precision=lax.Precision.HIGHEST,
+        preferred_element_type=jnp.float32,
+    )
+    batch = (slice(None),) * len(lb)
+    acc = parts[(*batch, 0)]
+    for k in range(1, passes):
+        acc = acc + parts[(*batch, k)]
+    return acc.astype(out_dtype)
+
+
 def lowering(base: Any) -> Any:
     """The CPU lowering rule of ``dot_general``: ``base`` (upstream's) unless the state is on
     and :func:`modelled` covers the product."""
@@ -141,13 +188,34 @@ def lowering(base: Any) -> Any:
     rounding = mlir.lower_fun(to_bfloat16, multiple_results=False)
 
     def rule(ctx: Any, lhs: Any, rhs: Any, *, precision: Any, **params: Any) -> Any:
-        if not state().value or not modelled(ctx.avals_in, ctx.avals_out, precision):
+        width = state().value
+        if not width or not modelled(ctx.avals_in, ctx.avals_out, precision):
             return base(ctx, lhs, rhs, precision=precision, **params)
+        dims = params["dimension_numbers"]
+        vector = on_vector_unit(ctx.avals_in, dims)
+        lhs_rounds, rhs_rounds = (
+            np.dtype(aval.dtype) in _ROUNDED and _rounds(precision, k) and not vector
+            for k, aval in enumerate(ctx.avals_in)
+        )
+        rounded = (lhs_rounds, rhs_rounds)
+        ((lhs_contracting, _), _) = dims
+        if (
+            not vector
+            and len(lhs_contracting) == 1
+            and ctx.avals_in[0].shape[lhs_contracting[0]] > width
+        ):
+            in_passes = functools.partial(
+                chunked,
+                dimension_numbers=dims,
+                width=width,
+                rounded=rounded,
+                out_dtype=ctx.avals_out[0].dtype,
+            )
+            return mlir.lower_fun(in_passes, multiple_results=False)(ctx, lhs, rhs)
         wide = []
-        vector = on_vector_unit(ctx.avals_in, params["dimension_numbers"])
-        for k, (operand, aval) in enumerate(zip((lhs, rhs), ctx.avals_in, strict=True)):
+        for operand, aval, rounds in zip((lhs, rhs), ctx.avals_in, rounded, strict=True):
             x = operand
-            if np.dtype(aval.dtype) in _ROUNDED and _rounds(precision, k) and not vector:
+            if rounds:
                 (x,) = rounding(ctx.replace(avals_in=[aval], avals_out=[aval]), operand)
             wide.append(mlir.convert_hlo(ctx, x, aval, aval.update(dtype=np.float64)))
         (out_aval,) = ctx.avals_out
@@ -166,7 +234,8 @@ def lowering(base: Any) -> Any:
 
 
 def targets() -> list[tuple[Any, str, Any]]:
-    """The patch: the CPU lowering rule of ``dot_general``, and the state on."""
+    """The patch: the CPU lowering rule of ``dot_general`` (the state, :func:`sync`, turns it
+    on)."""
     from jax import lax
     from jax._src.interpreters import mlir
 
@@ -181,5 +250,4 @@ def targets() -> list[tuple[Any, str, Any]]:
             "entry",
             mlir.LoweringRuleEntry(lowering(entry.rule), entry.inline),
         ),
-        (SWITCH, "on", True),
     ]

@@ -30,7 +30,7 @@ import numpy as np
 
 from coremesh.core import jax_compat, jax_versions
 from coremesh.core.errors import CoremeshError, MeshError, UnsupportedOnChipError
-from coremesh.testing.sim import call_params, compat, operands, shadow
+from coremesh.testing.sim import call_params, chip_matmul, compat, operands, shadow
 from coremesh.testing.sim.chip import (
     ActiveSlice,
     SimulatedChip,
@@ -1132,8 +1132,6 @@ def _sparsecore_bitcast_targets() -> list[tuple[Any, str, Any]]:
 
 
 def _chip_matmul_targets() -> list[tuple[Any, str, Any]]:
-    from coremesh.testing.sim import chip_matmul
-
     return chip_matmul.targets()
 
 
@@ -1546,6 +1544,7 @@ def install(slice_: ActiveSlice, without: Collection[str] = ()) -> None:
         enter(slice_)
         _user_threads[threading.get_ident()] += 1
         _clear_caches()
+        chip_matmul.sync(in_force("chip_matmul"))
 
 
 def uninstall() -> None:
@@ -1566,6 +1565,7 @@ def uninstall() -> None:
             _state.enabled = frozenset()
             shadow.forget()
         _clear_caches()
+        chip_matmul.sync(in_force("chip_matmul"))
 
 
 def enabled() -> frozenset[str]:
