@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-#: The jax configuration state that says whether products are the chip's (set by the patch).
+#: The jax configuration state holding the MXU width products are lowered for (:func:`sync`).
 STATE_NAME = "coremesh_chip_matmul"
 
 _ROUNDED = (np.dtype(np.float32),)

@@ -448,7 +448,7 @@ def simulate(
         interpreted. ``sim.paths`` says which path each kernel took, and why.
       matmul: ``"chip"`` (the default) computes every ``dot_general`` in the context, in
         kernels and out, as the chip's MXU does: ``float32`` operands at the default precision
-        rounded to ``bfloat16``, products summed without rounding, so a kernel and its ``jnp``
+        rounded to ``bfloat16``, sums in passes of the MXU's width, so a kernel and its ``jnp``
         reference agree as they do on the chip (:mod:`coremesh.testing.sim.chip_matmul`);
         ``"host"`` keeps XLA:CPU's ``float32`` products.
 
