@@ -200,3 +200,23 @@ def test_matrix_vector_products_keep_float32_operands() -> None:
     with simulate("v5p", 1):
         got = np.asarray(jnp.dot(x, v))
     np.testing.assert_array_equal(got, exact(x, v[:, None])[:, 0])
+
+
+def test_row_wise_dot_products_keep_float32_operands() -> None:
+    # XLA strength-reduces a dot whose operand has only batch and contracting dimensions to a
+    # multiply and a reduction (splash attention's backward di = einsum("hsd,hsd->hs", o, do),
+    # checked by JAX's test against jnp.sum(o * do)); so is a product that contracts nothing.
+    x, y = operands()
+    o, do = x.reshape(4, 64, N), y.reshape(4, 64, N)
+    with simulate("v5p", 1):
+        rows = np.asarray(jnp.einsum("hsd,hsd->hs", o, do))
+        outer = np.asarray(jnp.einsum("i,j->ij", x[0], y[0]))
+    want = np.einsum("hsd,hsd->hs", o.astype(np.float64), do.astype(np.float64))
+    np.testing.assert_array_equal(rows, want.astype(np.float32))
+    np.testing.assert_array_equal(outer, np.outer(x[0], y[0]))
+    # A matrix product beside them (one pass: 128 deep) still multiplies bfloat16 operands.
+    o, do = o[..., :128], do[..., :128]
+    with simulate("v5p", 1):
+        product = np.asarray(jnp.einsum("hsd,htd->hst", o, do))
+    rounded = np.einsum("hsd,htd->hst", bf16(o), bf16(do)).astype(np.float32)
+    np.testing.assert_array_equal(product, rounded)

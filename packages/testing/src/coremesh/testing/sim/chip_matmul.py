@@ -20,9 +20,10 @@ to a ``float32`` accumulator (:func:`chunked`), then one rounding to the result 
 that blocks K at the MXU's width equals its whole-matrix reference bit for bit, as JAX's tests
 expect of a v5 (how the MXU sums inside a pass is not modelled: exactly, here). ``float32``
 operands at the default precision are rounded to ``bfloat16`` as on the chip. ``HIGH`` and
-``HIGHEST`` keep ``float32`` operands as they are, and so does a matrix-vector product
-(:func:`on_vector_unit`, summed exactly). Integer, ``float16``, 8-bit float and ``float64``
-products, and products given a ``DotAlgorithm``, lower as upstream.
+``HIGHEST`` keep ``float32`` operands as they are, and so does a product XLA or Mosaic moves
+to the vector unit, a matrix-vector or row-wise dot product (:func:`on_vector_unit`, summed
+exactly). Integer, ``float16``, 8-bit float and ``float64`` products, and products given a
+``DotAlgorithm``, lower as upstream.
 ``simulate(matmul="host")`` keeps XLA:CPU's own products.
 
 The width is a jax configuration state in every jit cache key (0 outside the simulator), so a
@@ -91,15 +92,24 @@ def _is_precision(precision: Any) -> bool:
 
 
 def on_vector_unit(avals_in: Any, dimension_numbers: Any) -> bool:
-    """Is this a matrix-vector product, which Mosaic computes on the VPU in ``float32`` (no
-    ``bfloat16`` rounding)? A 1-D operand, or Mosaic's own case of a ``(1, K)`` right operand
-    contracted on its last dimension with operands not both ``float32`` (``lowering.py``
-    ``_dot_general_lowering_rule``). JAX's ``test_sum_of_two_matmuls`` compares such a kernel
-    with a ``HIGHEST``-precision reference at ``atol=1e-5``."""
+    """Is this product computed on the VPU in ``float32`` (no ``bfloat16`` rounding)?
+
+    XLA rewrites a ``dot`` into a multiply and a reduction when it contracts nothing or when
+    an operand has only batch and contracting dimensions: a matrix-vector product, or a row-wise
+    dot product such as ``einsum("hsd,hsd->hs", o, do)`` (its algebraic simplifier's dot
+    strength reduction). Splash attention's backward pass computes its ``di`` that way and JAX's
+    test checks the gradients against a reference that computes it as ``jnp.sum(o * do)``.
+    Mosaic does the same for a ``(1, K)`` right operand contracted on its last dimension when
+    the operands are not both ``float32`` (``lowering.py`` ``_dot_general_lowering_rule``), and
+    JAX's ``test_sum_of_two_matmuls`` compares a kernel's matrix-vector product with a
+    ``HIGHEST``-precision reference at ``atol=1e-5``."""
     lhs, rhs = avals_in
-    if lhs.ndim < 2 or rhs.ndim < 2:
+    (contracting, batch) = dimension_numbers
+    if not len(contracting[0]) or any(
+        aval.ndim == len(c) + len(b)
+        for aval, c, b in zip(avals_in, contracting, batch, strict=True)
+    ):
         return True
-    (contracting, _) = dimension_numbers
     return (
         tuple(contracting) == ((1,), (1,))
         and lhs.ndim == rhs.ndim == 2
