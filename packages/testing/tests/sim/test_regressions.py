@@ -136,6 +136,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "custom_vjp_callbacks",
         "padded_aliased_outputs",
         "chip_matmul",  # test_chip_matmul.py
+        "scalar_division",  # test_scalar_division.py
         "closed_scalars",
         "own_interpret_params",  # tests/sim/test_own_interpret_params.py
         "compile_cache",
