@@ -86,17 +86,8 @@ def lowering(base: Any) -> Any:
 def targets() -> list[tuple[Any, str, Any]]:
     """The patch: the CPU lowering rule of ``div`` (the state, :func:`sync`, turns it on)."""
     from jax import lax
-    from jax._src.interpreters import mlir
 
-    from coremesh.testing.sim.pinned_buffers import table_entry
+    from coremesh.testing.sim.lowering_tables import cpu_rule
 
     state()
-    cpu = mlir._platform_specific_lowerings["cpu"]
-    entry = cpu.get(lax.div_p) or mlir._lowerings[lax.div_p]
-    return [
-        (
-            table_entry(cpu, lax.div_p),
-            "entry",
-            mlir.LoweringRuleEntry(lowering(entry.rule), entry.inline),
-        ),
-    ]
+    return [cpu_rule(lax.div_p, lowering)]
