@@ -292,6 +292,51 @@ def test_a_test_over_the_memory_limit_is_stopped_and_the_file_goes_on(tmp_path: 
     assert run.processes == 2
 
 
+GROWTH = """
+import unittest
+
+import numpy as np
+
+HELD = []  # what a process keeps from test to test, as jax's caches do
+
+
+class GrowthTest(unittest.TestCase):
+
+  def _grow(self):
+    self.assertLess(len(HELD), 2, "a process went on past the recycle threshold")
+    HELD.append(np.ones(600 * 2**20 // 8))  # 600 MiB, every page written
+
+  def test_1(self):
+    self._grow()
+
+  def test_2(self):
+    self._grow()
+
+  def test_3(self):
+    self._grow()
+
+  def test_4(self):
+    self._grow()
+
+  def test_5(self):
+    self._grow()
+"""
+
+
+def test_a_process_holding_half_the_memory_limit_after_a_test_is_replaced(
+    tmp_path: Path,
+) -> None:
+    # At a 2 GiB limit the child stops after a test once it holds over 1 GiB (at the latest
+    # after its second 600 MiB); the runner runs the tests left in a new one. Without that the
+    # third test of a process fails.
+    tree, files = _one_file(tmp_path, "tpu_growth_test", GROWTH)
+    (run,) = run_tree(tree, files, ["stock"], tmp_path / "out", timeout=120, memory_limit=2**31)
+    assert [(r.nodeid.rsplit("::", 1)[-1], r.status) for r in run.results] == [
+        (f"test_{i}", "pass") for i in range(1, 6)
+    ]
+    assert 3 <= run.processes <= 5
+
+
 def test_jobs_run_files_at_once_and_keep_their_order(tmp_path: Path) -> None:
     tree = read_tree(_tree(tmp_path))
     files = select_files(tree, [])

@@ -107,11 +107,14 @@ def child_command(
     only: Sequence[str] = (),
     only_file: Path | None = None,
     budgets_file: Path | None = None,
+    recycle_bytes: int | None = None,
     python: str = sys.executable,
 ) -> list[str]:
     """The child's pytest command line; ``only``: node ids of ``file`` to run (default all);
     ``only_file``: a file of node ids to run, those the file no longer has ignored;
-    ``budgets_file``: lines of node id and seconds, tests whose watchdog is not ``timeout``."""
+    ``budgets_file``: lines of node id and seconds, tests whose watchdog is not ``timeout``;
+    ``recycle_bytes``: the child stops after a test when it holds more (the runner goes on in
+    a new one)."""
     targets = [f"{file}::{nodeid.split('::', 1)[1]}" for nodeid in only] or [str(file)]
     cmd = [python, "-m", "pytest", *targets, "-c", str(ini), "--rootdir", str(tree.tests)]
     cmd += ["-p", "coremesh.testing.upstream.shims", "-p", "no:cacheprovider", "-q"]
@@ -122,6 +125,8 @@ def child_command(
         cmd += ["--upstream-only", str(only_file)]
     if budgets_file is not None:
         cmd += ["--upstream-budgets", str(budgets_file)]
+    if recycle_bytes is not None:
+        cmd += ["--upstream-recycle-bytes", str(recycle_bytes)]
     if mode == "stock":
         cmd += ["-p", "no:coremesh"]  # stock jax: no simulator, no host-device arrangement
     if keyword:
@@ -137,7 +142,7 @@ def host_memory() -> int | None:
         return None
 
 
-def _rss(pid: int) -> int | None:
+def resident_bytes(pid: int) -> int | None:
     """Resident bytes of process ``pid`` (Linux's /proc; None elsewhere)."""
     try:
         with open(f"/proc/{pid}/statm") as f:
@@ -164,7 +169,7 @@ def _wait(
             last_size, last_change = size, now
         elif now - last_change > stall_s:
             stop = "stall"
-        if memory_limit is not None and (_rss(proc.pid) or 0) > memory_limit:
+        if memory_limit is not None and (resident_bytes(proc.pid) or 0) > memory_limit:
             stop = "memory"
         if stop is not None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -190,10 +195,11 @@ def run_file(
     slow: Mapping[str, float] = SLOW_TEST_SECONDS,
 ) -> FileRun:
     """Every test of ``file`` in ``mode`` (of ``part`` of it), restarting the child after a hang,
-    a crash or going over ``memory_limit`` bytes; after ``give_up`` hangs in a row, the rest is
-    left unrun (stock interpret mode deadlocks on whole files: 859 tests of 180 s would take 43
-    hours). A test ``slow`` names (node id -> seconds it was measured to take) has a watchdog
-    of twice that where ``timeout`` is less."""
+    a crash or going over ``memory_limit`` bytes, and after it stopped between tests holding
+    more than half of that (the memory jax keeps for the tests it ran); after ``give_up`` hangs
+    in a row, the rest is left unrun (stock interpret mode deadlocks on whole files: 859 tests
+    of 180 s would take 43 hours). A test ``slow`` names (node id -> seconds it was measured to
+    take) has a watchdog of twice that where ``timeout`` is less."""
     work = Path(out_dir) / "work" / mode
     logs = Path(out_dir) / "logs" / mode
     work.mkdir(parents=True, exist_ok=True)
@@ -227,7 +233,7 @@ def run_file(
         cmd = child_command(
             tree, file, mode, timeout=timeout, events=events, done=done_path, ini=ini,
             keyword=keyword, only=only, only_file=only_file, budgets_file=budgets_file,
-            python=python,
+            recycle_bytes=None if memory_limit is None else memory_limit // 2, python=python,
         )  # fmt: skip
         offset = log_path.stat().st_size
         with log_path.open("ab") as log:
@@ -241,6 +247,8 @@ def run_file(
         run.results += got.results
         done += [r.nodeid for r in got.results]
         if got.unfinished is None:
+            if got.results and got.collected is not None and not set(got.collected) <= set(done):
+                continue  # the child stopped between tests, holding too much memory
             if not run.results and got.not_run is not None:
                 run.not_run = got.not_run
             elif got.collected is None and not run.results:

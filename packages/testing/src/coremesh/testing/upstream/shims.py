@@ -17,6 +17,7 @@ Outcomes go to the events file (:mod:`~coremesh.testing.upstream.events`) as the
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Generator
@@ -51,6 +52,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="file of lines 'node id seconds': tests whose watchdog is not --timeout",
     )
+    group.addoption(
+        "--upstream-recycle-bytes",
+        type=int,
+        default=None,
+        help="after a test, a process holding more than this many bytes stops; the runner "
+        "starts a new one for the tests left",
+    )
 
 
 class _State:
@@ -68,6 +76,7 @@ class _State:
         budgets = config.getoption("--upstream-budgets")
         lines = Path(budgets).read_text().splitlines() if budgets else []
         self.budgets = {n: float(s) for n, s in (line.rsplit(" ", 1) for line in lines if line)}
+        self.recycle_bytes: int | None = config.getoption("--upstream-recycle-bytes")
         self.status: dict[str, tuple[Status, str]] = {}
         self.started: dict[str, float] = {}
 
@@ -213,7 +222,25 @@ def pytest_runtest_makereport(
         status, message = state.status.pop(nodeid, ("pass", ""))
         seconds = time.perf_counter() - state.started.pop(nodeid, time.perf_counter())
         state.write("result", nodeid=nodeid, status=status, message=message, seconds=seconds)
+        _recycle_if_large(item, state.recycle_bytes)
     return report
+
+
+def _recycle_if_large(item: pytest.Item, limit: int | None) -> None:
+    """Stop the session after this test when the process holds more than ``limit`` bytes.
+
+    A process that runs hundreds of tests keeps what jax caches for each (traced functions,
+    compiled programs): JAX's splash and paged attention files grow by about 100 MB a test, and
+    two such processes side by side exhausted a 24 GiB host (``MemoryError``, and XLA:CPU
+    crashing while it compiled). The runner starts a new process for the tests left."""
+    from coremesh.testing.upstream.run import resident_bytes
+
+    held = resident_bytes(os.getpid())
+    if limit is not None and held is not None and held > limit:
+        item.session.shouldstop = (
+            f"coremesh: this test process holds {held / 2**30:.1f} GiB, over "
+            f"{limit / 2**30:.1f} GiB; the runner goes on in a new one"
+        )
 
 
 def pytest_report_header(config: pytest.Config) -> str:
