@@ -1563,8 +1563,14 @@ def install(slice_: ActiveSlice, without: Collection[str] = ()) -> None:
         enter(slice_)
         _user_threads[threading.get_ident()] += 1
         _clear_caches()
-        chip_matmul.sync(in_force("chip_matmul"))
-        scalar_division.sync(in_force("scalar_division"))
+        _sync_lowering_states()
+
+
+def _sync_lowering_states() -> None:
+    """Set the jit-keyed states of the lowering patches to what the innermost simulator has in
+    force (off outside every simulator)."""
+    chip_matmul.sync(in_force("chip_matmul"))
+    scalar_division.sync(in_force("scalar_division"))
 
 
 def uninstall() -> None:
@@ -1585,8 +1591,7 @@ def uninstall() -> None:
             _state.enabled = frozenset()
             shadow.forget()
         _clear_caches()
-        chip_matmul.sync(in_force("chip_matmul"))
-        scalar_division.sync(in_force("scalar_division"))
+        _sync_lowering_states()
 
 
 def enabled() -> frozenset[str]:
