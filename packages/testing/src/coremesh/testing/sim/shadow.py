@@ -258,6 +258,22 @@ def _poison(content: np.ndarray) -> bool:
     return True
 
 
+def _unwritten_padding(sm: Any, key: Any) -> None:
+    """A written buffer allocated past its shape (``buffer_bounds="padded"``: the rest of its
+    last tiles) gets a map: its own elements written, the padding not, and holding the tagged
+    NaN, so a kernel that uses what a DMA brought from the padding is told so."""
+    buffer = sm.mem[key]
+    logical = tuple(getattr(buffer, "logical_shape", buffer.shape))
+    if logical == tuple(buffer.shape):
+        return
+    states = np.zeros(buffer.shape, np.uint8)
+    states[tuple(slice(0, n) for n in logical)] = WRITTEN
+    _maps(sm)[key] = states
+    layout = taint_layout(buffer.content.dtype)
+    if layout is not None and sm.uninitialized_memory == "nan":
+        buffer.content.view(layout[0])[states == UNWRITTEN] = tainted_nan(layout)
+
+
 def _origin(sm: Any) -> dict[str, Any] | None:
     return sm.__dict__.get(_ORIGIN)  # type: ignore[no-any-return]
 
@@ -288,6 +304,8 @@ def targets() -> list[tuple[Any, str, Any]]:
             _maps(self)[key] = np.zeros(np.shape(value), np.uint8)  # all UNWRITTEN
             if self.uninitialized_memory == "nan":
                 _poison(self.mem[key].content)
+        elif new:
+            _unwritten_padding(self, key)
         return out
 
     def deallocate_buffer(self: Any, key: Any, *a: Any, **kw: Any) -> Any:

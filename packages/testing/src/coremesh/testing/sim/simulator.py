@@ -196,6 +196,9 @@ class Simulator:
             detect_races=races,
             uninitialized_memory=uninitialized_memory,
             random_seed=grid_seed,
+            # memory is tiled on the chip: a ref's last tile is whole, and a DMA may read or
+            # write its padding (emit_pipeline's edge blocks do); the padding is unwritten
+            buffer_bounds="padded",
             patches_off=self._disabled,
             fast_path_auto=fast_path == "auto",
             fast_path_off=fast_path_module.off_reason(
