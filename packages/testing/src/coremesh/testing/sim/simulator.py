@@ -5,7 +5,9 @@ Pallas' TPU interpret mode (``pltpu.force_tpu_interpret_mode``) with the simulat
 (:mod:`coremesh.testing.sim.patches`), ``pltpu.get_tpu_info()`` and
 ``pltpu.create_tensorcore_mesh(axis)`` (``pltpu.TensorCoreMesh(axis_name=axis)`` from jax 0.11)
 answer for the simulated chip, ``jax.devices()`` lists the simulated devices (host CPU devices),
-and ``coremesh.core.current_target()`` is the simulator.
+and ``coremesh.core.current_target()`` is the simulator. Memory is tiled as the chip's is: a ref's
+last (8, 128) tiles are whole, and a DMA into their padding is in bounds (the interpreter's
+``buffer_bounds="padded"``; the padding counts as unwritten, :mod:`.shadow`).
 """
 
 from __future__ import annotations
