@@ -8,7 +8,8 @@ written so far:
 
 * uninitialized: ``run_scoped`` scratch, scratch operands, kernel outputs (not aliased to an
   input), and the pipeline's VMEM blocks; kernel inputs, scalar-prefetch operands and aliased
-  outputs are written (they get no map at all);
+  outputs are written (they get no map at all), but for the padding of their last tiles
+  (``buffer_bounds="padded"``), which starts unwritten;
 * a kernel's store, a masked store (its mask), a DMA's write and the pipeline's copy of a block
   mark elements written; an output block starts unwritten again for each new block (the buffer
   then holds a stale block on the chip).
