@@ -147,3 +147,17 @@ def test_emit_pipeline_edge_blocks_over_shapes_that_are_not_whole_blocks(
     with simulate(devices=1):
         out = np.asarray(pipelined_matmul(x, y, 128))
     np.testing.assert_array_equal(out, x @ y)
+
+
+def test_a_store_through_a_bitcast_view_of_a_buffer_with_padding() -> None:
+    # The (1, 8) int32 output is allocated as its whole (1, 128) tile; the view is of the ref's
+    # own 8 lanes.
+    def kernel(o_ref: Any) -> None:
+        halves = o_ref.bitcast(jnp.int16)
+        halves[...] = jnp.ones(halves.shape, jnp.int16)
+
+    with simulate(devices=1):
+        out = np.asarray(
+            pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((1, 8), jnp.int32))()
+        )
+    np.testing.assert_array_equal(out, np.full((1, 8), 0x00010001, np.int32))

@@ -431,7 +431,9 @@ def targets() -> list[tuple[Any, str, Any]]:
             core = ipc._local_core_id_or_zero_if_hbm(int(local_core_id), space)
             buf = ipc._get_shared_memory().mem[(space, int(buffer_id), int(device_id), core)]
             content = getattr(buf, "content", buf)
-            return tuple(np.shape(content)), content.dtype
+            # the ref's own shape: the content may run on into its last tiles' padding
+            shape = getattr(buf, "logical_shape", None) or np.shape(content)
+            return tuple(shape), content.dtype
 
         return lookup
 
