@@ -250,12 +250,13 @@ def _tainted(values: np.ndarray) -> np.ndarray | None:
     return hit
 
 
-def _poison(content: np.ndarray) -> bool:
-    """Fill a fresh float buffer with the tainted NaN; False if its dtype cannot carry it."""
+def _poison(content: np.ndarray, where: Any = ...) -> bool:
+    """Fill a fresh float buffer (the elements ``where`` picks) with the tainted NaN; False if
+    its dtype cannot carry it."""
     layout = taint_layout(content.dtype)
     if layout is None:
         return False
-    content.view(layout[0])[...] = tainted_nan(layout)
+    content.view(layout[0])[where] = tainted_nan(layout)
     return True
 
 
@@ -270,9 +271,8 @@ def _unwritten_padding(sm: Any, key: Any) -> None:
     states = np.zeros(buffer.shape, np.uint8)
     states[tuple(slice(0, n) for n in logical)] = WRITTEN
     _maps(sm)[key] = states
-    layout = taint_layout(buffer.content.dtype)
-    if layout is not None and sm.uninitialized_memory == "nan":
-        buffer.content.view(layout[0])[states == UNWRITTEN] = tainted_nan(layout)
+    if sm.uninitialized_memory == "nan":
+        _poison(buffer.content, states == UNWRITTEN)
 
 
 def _origin(sm: Any) -> dict[str, Any] | None:
