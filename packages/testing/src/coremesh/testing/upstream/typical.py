@@ -62,11 +62,15 @@ def typical_seconds(files: Sequence[Path], modes: Sequence[str]) -> dict[tuple[s
 #: Tests measured to take longer than the runner's usual watchdog (120 s in the README's runs)
 #: on the simulator, in seconds, on 2 CPUs shared by three processes (2026-12-05, jax 0.12.0.1):
 #: ten Hypothesis examples of a forward and a backward 512x2048x256 gmm, each interpreted, and
-#: the pipeline file's padded matmuls. The
-#: simulator never hangs (its deadlocks raise), so past the watchdog a test is only slow.
+#: the pipeline file's padded matmuls. The simulator never hangs (its deadlocks raise), so past
+#: the watchdog a test is only slow.
 SLOW_TEST_SECONDS: Mapping[str, float] = {
     "tpu_gmm_test.py::GroupedMatmulTest::test_gmm1": 230,
     "tpu_gmm_test.py::GroupedMatmulTest::test_gmm_sharded_groups1": 200,
+    # jax 0.10.2 (2026-12-06): 72 s alone, 88 s beside a second run, past 120 s in CI beside
+    # a package's test suite (jax 0.11.2 and 0.12.0.1 passed them in the same CI run)
+    "tpu_gmm_test.py::GroupedMatmulTest::test_gmm_sharded_groups0": 150,
+    "tpu_gmm_test.py::GroupedMatmulTest::test_gmm_sharded_groups2": 150,
     # 30 Hypothesis examples of a matmul pipelined over shapes that are not whole blocks
     # (2026-12-06, beside two other test processes); the int8 ones raise (testing README).
     **{
