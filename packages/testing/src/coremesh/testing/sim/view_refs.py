@@ -432,7 +432,7 @@ def targets() -> list[tuple[Any, str, Any]]:
             buf = ipc._get_shared_memory().mem[(space, int(buffer_id), int(device_id), core)]
             content = getattr(buf, "content", buf)
             # the ref's own shape: the content may run on into its last tiles' padding
-            shape = getattr(buf, "logical_shape", None) or np.shape(content)
+            shape = getattr(buf, "logical_shape", np.shape(content))
             return tuple(shape), content.dtype
 
         return lookup
