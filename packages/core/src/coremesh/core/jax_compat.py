@@ -42,8 +42,9 @@ TPU_INFO_MOVED_IN = "0.11.0"
 def tensorcore_mesh(axis_name: str = "core", num_cores: int | None = None) -> Any:
     """A Pallas TensorCore mesh over ``num_cores`` cores (the device's own count if None).
 
-    The default reads ``num_cores`` of the first jax device (or of the abstract mesh's device);
-    a CPU device has none, so outside a TPU or a simulated one pass ``num_cores``.
+    The default reads ``num_cores`` of the first jax device (or of the abstract mesh's device;
+    from jax 0.12.1 the chip table's entry for it); a CPU device has none, so outside a TPU or
+    a simulated one pass ``num_cores``.
     """
     from jax.experimental.pallas import tpu as pltpu
 
@@ -53,8 +54,15 @@ def tensorcore_mesh(axis_name: str = "core", num_cores: int | None = None) -> An
                 return pltpu.TensorCoreMesh(axis_name=axis_name)  # reads jax.devices()[0]
             return pltpu.TensorCoreMesh(axis_name=axis_name, num_cores=num_cores)
         return pltpu.create_tensorcore_mesh(axis_name, num_cores=num_cores)
-    except AttributeError as e:
-        if num_cores is not None or e.name != "num_cores":
+    except (AttributeError, ValueError) as e:
+        # jax 0.11 to 0.12.0.1 read the device's num_cores (a CPU device has none); 0.12.1 asks
+        # tpu_info.get_tpu_info(), which refuses an unknown device kind with a ValueError.
+        no_cores = (
+            e.name == "num_cores"
+            if isinstance(e, AttributeError)
+            else str(e).startswith("Unsupported TPU device kind")
+        )
+        if num_cores is not None or not no_cores:
             raise
         import jax
 

@@ -16,6 +16,34 @@ MESH_DATACLASS_SINCE = "0.11.0"
 #: jax's first release whose ``Jaxpr`` counts as constvars only the inputs with values attached
 #: (``consts=``); before it, ``Jaxpr(constvars, invars, ...)`` marks them by position.
 JAXPR_CONSTS_SINCE = "0.11.0"
+#: jax's first release whose ``BlockMapping`` holds its block's ref type as ``block_aval`` with no
+#: ``transforms``; before it, ``transformed_block_aval`` (and ``block_aval`` a property that
+#: asserts there are no transforms).
+BLOCK_AVAL_FIELD_SINCE = "0.12.1"
+#: jax's first release whose ``TransformedRef`` refuses to wrap another (a view of a view).
+TRANSFORMED_REF_FLAT_SINCE = "0.12.1"
+
+
+def block_aval_field() -> str:
+    """The name of the ``BlockMapping`` field holding the block's ref type (for ``replace``)."""
+    return (
+        "block_aval" if jax_versions.at_least(BLOCK_AVAL_FIELD_SINCE) else "transformed_block_aval"
+    )
+
+
+def transformed_ref_refuses_nesting() -> bool:
+    """Does ``TransformedRef(TransformedRef(...), ...)`` raise on the installed jax?"""
+    return jax_versions.at_least(TRANSFORMED_REF_FLAT_SINCE)
+
+
+def block_aval(bm: Any) -> Any:
+    """The ref type of a ``BlockMapping``'s block, as the kernel sees it."""
+    return getattr(bm, block_aval_field())
+
+
+def block_transforms(bm: Any) -> tuple[Any, ...]:
+    """A ``BlockMapping``'s transforms (none from jax 0.12.1, which dropped the field)."""
+    return tuple(getattr(bm, "transforms", ()))
 
 
 def closed_jaxpr_class() -> Any:

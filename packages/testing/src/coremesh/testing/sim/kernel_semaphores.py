@@ -36,7 +36,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from coremesh.testing.sim import inline
+from coremesh.testing.sim import compat, inline
 from coremesh.testing.sim.errors import NotSimulatedError
 
 #: Wait values at and below ``BARRIER`` are the hand-off's: ``BARRIER`` waits for every device to
@@ -221,7 +221,7 @@ def rewrite(args: Sequence[Any], kw: dict[str, Any], chip: str) -> tuple[Any, An
         aval = jaxpr.invars[pos].aval
         block_mappings[pos - first] = block_mappings[pos - first].replace(
             array_aval=jax_core.ShapedArray(tuple(aval.shape), jnp.int32),
-            transformed_block_aval=_handle_aval(aval),
+            **{compat.block_aval_field(): _handle_aval(aval)},
         )
     scratch = [_scratch_aval(s.aval) for s in sems]
     new_gm = gm.replace(

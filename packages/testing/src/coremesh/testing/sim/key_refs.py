@@ -520,7 +520,7 @@ def _data_block(bm: Any, chip: str) -> Any:
     from jax._src import core as jax_core
     from jax._src.pallas import core as pallas_core
 
-    if bm.transforms:
+    if compat.block_transforms(bm):
         raise _not_simulated("in a block with transforms", chip)
     element = _element_shape(bm.array_aval.dtype)
     index_map = bm.index_map_jaxpr
@@ -532,10 +532,10 @@ def _data_block(bm: Any, chip: str) -> Any:
     new_map = closed(new_inner, index_map.consts) if closed is not None else new_inner
     return bm.replace(
         block_shape=(*bm.block_shape, *(pallas_core.Blocked(d) for d in element)),
-        transformed_block_aval=physical(bm.transformed_block_aval),
         index_map_jaxpr=new_map,
         index_map_out_tree=tree_util.tree_structure((0,) * len(new_inner.outvars)),
         array_aval=physical(bm.array_aval),
+        **{compat.block_aval_field(): physical(compat.block_aval(bm))},
     )
 
 

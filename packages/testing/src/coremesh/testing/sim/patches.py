@@ -101,7 +101,6 @@ def _tpu_info_targets() -> list[tuple[Any, str, Any]]:
     from jax.experimental.pallas import tpu as pltpu
 
     tpu_info = jax_compat.tpu_info_module()
-    orig_create = mosaic_core.create_tensorcore_mesh
     registry = dict(tpu_info.registry)
     registry["cpu"] = lambda: current().tpu_info
 
@@ -123,7 +122,10 @@ def _tpu_info_targets() -> list[tuple[Any, str, Any]]:
             num_cores = current().cores_per_device
         if num_cores is not None:
             check_cores(num_cores)
+        assert orig_create is not None  # installed only where jax has it (below)
         return orig_create(axis_name, devices=devices, num_cores=num_cores)
+
+    orig_create = getattr(mosaic_core, "create_tensorcore_mesh", None)  # gone in jax 0.12.1
 
     def default_num_cores() -> int:
         # jax >= 0.11: TensorCoreMesh(axis_name=...) reads jax.devices()[0].num_cores, which a
@@ -327,7 +329,25 @@ def _nested_ref_views_targets() -> list[tuple[Any, str, Any]]:
             ref = ref.ref
         return ref, transforms
 
-    return [(mosaic_primitives, "_get_ref_and_transforms", get_ref_and_transforms)]
+    out: list[tuple[Any, str, Any]] = [
+        (mosaic_primitives, "_get_ref_and_transforms", get_ref_and_transforms)
+    ]
+    if compat.transformed_ref_refuses_nesting():
+        # jax 0.12.1 refuses to build a view of a view ("TransformedRef cannot wrap a
+        # TransformedRef"), which the interpreter does as it unflattens an inner pipeline's
+        # operands (pipeline_body_p): compose the two views, as apply_transform does.
+        cls = state.TransformedRef
+        orig_post_init = cls.__post_init__
+
+        def post_init(self: Any) -> None:
+            inner = self.ref
+            if isinstance(inner, cls) and not inner.multiref:
+                object.__setattr__(self, "ref", inner.ref)
+                object.__setattr__(self, "transforms", (*inner.transforms, *self.transforms))
+            orig_post_init(self)
+
+        out.append((cls, "__post_init__", post_init))
+    return out
 
 
 def _split_target(target: Any, default_core: int) -> tuple[int | None, int]:
@@ -1304,7 +1324,8 @@ PATCHES: tuple[Patch, ...] = (
         "an outer pipeline's block) reaches the interpreter's dma_start callback with a "
         "TransformedRef as its buffer id and fails with 'Triggering __jax_array__() during "
         "abstractification is no longer supported' (primitives.py _get_ref_and_transforms "
-        "peels one view)",
+        "peels one view); jax 0.12.1 fails earlier, 'TransformedRef cannot wrap a "
+        "TransformedRef', as the interpreter unflattens an inner pipeline's operands",
         _nested_ref_views_targets,
     ),
     Patch(

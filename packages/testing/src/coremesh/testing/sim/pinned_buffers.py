@@ -46,7 +46,11 @@ def targets() -> list[tuple[Any, str, Any]]:
             ctx.set_tokens_out(inner.tokens_out)
         return out
 
-    def entry(rule: Any, inline: bool = True) -> Any:
+    def entry(rule: Any, inline: Any = True) -> Any:
+        # jax 0.12.1 keeps a core.Inline in the entry (True is its JAX_LATE); before, a bool.
+        inline_enum = getattr(core, "Inline", None)
+        if inline_enum is not None and isinstance(inline, bool):
+            inline = inline_enum.JAX_LATE if inline else inline_enum.AUTO
         return mlir.LoweringRuleEntry(rule, inline)
 
     return [

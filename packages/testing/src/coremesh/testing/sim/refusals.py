@@ -26,6 +26,7 @@ from coremesh.core.errors import (
     MeshError,
     UnsupportedOnChipError,
 )
+from coremesh.testing.sim import compat
 from coremesh.testing.sim.chip import SimulatedChip
 from coremesh.testing.sim.deadlock import semaphore_description
 from coremesh.testing.sim.errors import (
@@ -589,7 +590,7 @@ def block_bytes(grid_mapping: Any, chip: Chip) -> tuple[int, int, list[tuple[int
     vmem = smem = 0
     windows: list[tuple[int, str]] = []
     for n, bm in enumerate(getattr(grid_mapping, "block_mappings", ())):
-        aval = bm.transformed_block_aval
+        aval = compat.block_aval(bm)
         space = memory_space(aval)
         shape = tuple(d if isinstance(d, int) else 1 for d in aval.shape)
         if space == "smem":

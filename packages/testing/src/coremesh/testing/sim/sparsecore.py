@@ -1045,11 +1045,12 @@ def _rows_wait(*flat_args: Any, tree: Any, **params: Any) -> Sequence[Any]:
 
 
 def _indexed_copy(
-    *flat_args: Any, tree: Any, device_id_type: Any, priority: int, add: bool
+    *flat_args: Any, tree: Any, device_id_type: Any, priority: int, add: bool, **more: Any
 ) -> Sequence[Any]:
     """An indexed DMA as one row DMA per index, all on the DMA's semaphores. With a number of
     indices known only at run time (an index view ``idx_ref.at[pl.ds(0, n)]``), each index is
-    read in its turn, as the rows are copied."""
+    read in its turn, as the rows are copied. ``more``: the DMA's other params, passed on to
+    each row (jax 0.12.1 adds ``_unsafe_no_write_effect``)."""
     src, dst, dst_sem, src_sem, device_id = tree.unflatten(flat_args)
     indexed = _indexed_side(src, dst)
     assert indexed is not None  # _rule chose this rule for an indexed DMA
@@ -1075,7 +1076,7 @@ def _indexed_copy(
         flat, t = tpu_primitives._dma_flatten(s, d, dst_sem, src_sem, device_id)
         with jax.named_scope(_ROW_SCOPE):  # checked as the indexed DMA: _dma_refusal
             tpu_primitives.dma_start_p.bind(
-                *flat, tree=t, device_id_type=device_id_type, priority=priority, add=add
+                *flat, tree=t, device_id_type=device_id_type, priority=priority, add=add, **more
             )
         return carry
 
