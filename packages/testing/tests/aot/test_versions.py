@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import textwrap
+import warnings
 from importlib import metadata
 from typing import Any
 
 import jax
 import pytest
 
-from coremesh.core.errors import MeshError
+from coremesh.core.errors import CoremeshWarning, MeshError
 from coremesh.testing.aot import compile_on, profile, versions
 from coremesh.testing.aot.topology import CompileTarget
 from coremesh.testing.cli import main
@@ -180,3 +181,33 @@ def test_the_traced_attribute_change_is_jaxs_tracer() -> None:
 
     raises = isinstance(getattr(core.Tracer, "memory_space", None), property)
     assert raises is versions.has_change("traced_attribute")
+
+
+def test_a_libtpu_older_than_jaxs_lowering_warns_once_a_pair() -> None:
+    with pytest.warns(CoremeshWarning, match=r"jax 0\.12\.7's Mosaic lowering .* libtpu 0\.0\.53"):
+        assert versions.warn_if_older_than_lowering("0.0.51", "0.12.7")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert versions.warn_if_older_than_lowering("0.0.51", "0.12.7")  # cached: no warning
+        assert not versions.warn_if_older_than_lowering("0.0.53", "0.12.7")
+        assert not versions.warn_if_older_than_lowering("0.0.52", "0.12.0.1")
+        assert not versions.warn_if_older_than_lowering("0.0.52", "0.10.2")
+
+
+def test_the_libtpu_jaxs_lowering_asks_for_is_read_from_jax() -> None:
+    """jax's own lowering names the oldest libtpu it runs with (lowering.py): on the installed
+    jax it is the one ``lowering_libtpu`` records, or one the tested libtpu satisfies."""
+    import inspect
+    import re
+
+    from jax._src.pallas.mosaic import lowering
+
+    source = inspect.getsource(lowering)
+    asked = set(re.findall(r"requires a recent libtpu version \(at least ([\d.]+)\)", source))
+    assert len(asked) <= 1, asked  # jax 0.10.2 asks for none
+    needed = asked.pop() if asked else "0"
+    recorded = versions.lowering_libtpu()
+    if recorded is None:
+        assert versions.parse(needed) <= versions.parse(versions.TESTED_LIBTPU)
+    else:
+        assert recorded == needed

@@ -25,11 +25,13 @@ jax has the newer behaviour.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
+import warnings
 from importlib import metadata
 
 from coremesh.core import jax_versions
-from coremesh.core.errors import CoremeshError
+from coremesh.core.errors import CoremeshError, CoremeshWarning
 
 #: The first libtpu whose static profile estimates v5e, v5p, v6e and TPU7x (and remote DMAs).
 STATIC_PROFILE_LIBTPU = "0.0.52"
@@ -115,11 +117,50 @@ def older_than_tested(found: str | None) -> bool:
     return found is not None and parse(found) < parse(TESTED_LIBTPU)
 
 
+#: (jax release, the oldest libtpu its Mosaic lowering is written for): from jax 0.12.1 the
+#: lowering asks for libtpu 0.0.53 (lowering.py ``is_libtpu_at_least``, checked only on a TPU)
+#: and emits what 0.0.52 refuses, e.g. ``!=`` of floats as the UNE compare ("Unsupported
+#: comparison direction: une", measured with libtpu 0.0.52 on every chip).
+LOWERING_LIBTPU: tuple[tuple[str, str], ...] = (("0.12.1", "0.0.53"),)
+
+
+def lowering_libtpu(jax: str | None = None) -> str | None:
+    """The oldest libtpu the installed jax's (or ``jax``'s) Mosaic lowering is written for;
+    None where every libtpu coremesh tests with will do."""
+    need = None
+    for since, libtpu in LOWERING_LIBTPU:
+        if jax_versions.at_least(since, jax):
+            need = libtpu
+    return need
+
+
+@functools.cache
+def warn_if_older_than_lowering(found: str, jax: str) -> bool:
+    """Warn (once per pair) when libtpu ``found`` is older than jax ``jax``'s lowering expects:
+    such a pair refuses some kernels that compile with the libtpu jax asks for, so a
+    refusal may be the pair's, not the kernel's. True when it warned."""
+    need = lowering_libtpu(jax)
+    if need is None or parse(found) >= parse(need):
+        return False
+    warnings.warn(
+        f"jax {jax}'s Mosaic lowering is written for libtpu {need} or newer, and libtpu {found} "
+        "is installed: compile checks may refuse kernels that compile on a TPU with "
+        f"jax {jax} (e.g. '!=' of floats: 'Unsupported comparison direction: une'). Install "
+        f"libtpu>={need}, or jax=={jax_versions.TESTED[-1]} (the newest jax coremesh is tested "
+        f"on, with libtpu {TESTED_LIBTPU})",
+        CoremeshWarning,
+        stacklevel=3,
+    )
+    return True
+
+
 def require_compiler() -> str:
-    """The installed libtpu's version; ``LibtpuError`` when there is none."""
+    """The installed libtpu's version; ``LibtpuError`` when there is none (and a warning when
+    it is older than the installed jax's lowering expects)."""
     found = libtpu_version()
     check_libtpu(found, needed=None, purpose="compile-only checks")
     assert found is not None
+    warn_if_older_than_lowering(found, jax_version())
     return found
 
 
