@@ -58,6 +58,13 @@ _MESH_CORES = Change(
     "(AttributeError on every backend)",
     since="0.11",
 )
+_MESH_FACTORY = Change(
+    "pltpu.create_tensorcore_mesh('core')",
+    "pltpu.TensorCoreMesh(axis_name='core')",
+    "jax spelling: jax 0.12.1 removed pltpu.create_tensorcore_mesh (deprecated since 0.11 for "
+    "the TensorCoreMesh class)",
+    since="0.12.1",
+)
 _DEVICE_GATE = Change(
     'assert "TPU" in jax.devices()[0].device_kind',
     'assert "TPU" in {device_kind!r}',
@@ -78,7 +85,11 @@ _AUTO_MESH = Change(
 
 GUIDES: tuple[Guide, ...] = (
     Guide(
-        "core_map", "v5p", 4, "'written on a v5p chip, which contains 4 devices'", (_MESH_CORES,)
+        "core_map",
+        "v5p",
+        4,
+        "'written on a v5p chip, which contains 4 devices'",
+        (_MESH_FACTORY, _MESH_CORES),
     ),
     Guide(
         "distributed",
