@@ -120,5 +120,8 @@ def _bool_dmas(jaxpr: Any) -> Iterator[Any]:
     for eqn in all_eqns(jaxpr):
         if eqn.primitive is mosaic_primitives.dma_start_p:
             src = jax.tree.unflatten(eqn.params["tree"], eqn.invars)[0]
-            if str(getattr(src.aval, "dtype", "")) == "bool":
+            # A view's ref, or a selected view's refs (a multi-ref view has no single aval).
+            base = getattr(src, "ref", src)
+            refs = base if isinstance(base, (list, tuple)) else [base]
+            if any(str(getattr(r.aval, "dtype", "")) == "bool" for r in refs):
                 yield eqn
