@@ -43,8 +43,15 @@ def _orders(op: str, dtype: Any) -> bool:
     return op != "sum" and bool(jnp.issubdtype(dtype, jnp.floating))
 
 
+def _is_nan(x: Any) -> Any:
+    """``jnp.isnan(x)`` as ``not x == x``: isnan is ``x != x``, which jax 0.12.1's Mosaic
+    lowering emits as an unordered compare that libtpu 0.0.52 refuses ("Unsupported comparison
+    direction: une"); the ordered ``==`` compiles with every jax and libtpu."""
+    return jnp.logical_not(x == x)
+
+
 def _nan_flag(x: Any) -> Any:
-    return jnp.where(jnp.isnan(x), 1.0, 0.0).astype(jnp.float32)
+    return jnp.where(_is_nan(x), 1.0, 0.0).astype(jnp.float32)
 
 
 def reference_fold(op: str, x: Any, axis: int) -> Any:
@@ -111,6 +118,6 @@ def across(op: str, x: Any, axis_name: str) -> Any:
         return _ACROSS[op](x, axis_name)
     x32 = x.astype(jnp.float32)
     nan_bits = jnp.int32(0x7FC00000) if op == "max" else jnp.int32(-0x00400000)  # 0xffc00000
-    bits = jnp.where(jnp.isnan(x32), nan_bits, jax.lax.bitcast_convert_type(x32, jnp.int32))
+    bits = jnp.where(_is_nan(x32), nan_bits, jax.lax.bitcast_convert_type(x32, jnp.int32))
     out = _key(_ACROSS[op](_key(bits), axis_name))
     return jax.lax.bitcast_convert_type(out, jnp.float32).astype(x.dtype)
