@@ -27,6 +27,7 @@ from coremesh.testing.sim import (
     SimulationDeadlock,
     SimulationRaceError,
     Simulator,
+    compat,
     simulate,
 )
 from coremesh.testing.sim.patches import PATCHES, Patch
@@ -181,7 +182,9 @@ def test_simulated_chip() -> None:
     with simulate(devices=1, disable_patches=["simulated_chip"]):
         with pytest.raises(ValueError, match="Unsupported TPU device kind: cpu"):
             pltpu.get_tpu_info()
-        with pytest.raises(AttributeError):  # reads num_cores of a CPU device
+        # reads num_cores of a CPU device (AttributeError); jax 0.12.1 asks the chip table,
+        # which has no entry for one (ValueError)
+        with pytest.raises((AttributeError, ValueError)):
             stock_tensorcore_mesh()
         assert not pltpu.is_tpu_device()
         with pytest.raises(AttributeError):
@@ -495,15 +498,17 @@ def closed_scalar_kernel(kind: str) -> Any:
 @pytest.mark.parametrize("kind", ["tensorcore", "vector_subcore", "scalar_subcore"])
 def test_closed_scalars(kind: str) -> None:
     n = jnp.int32(41)
-    with (
-        simulate(devices=1, disable_patches=["closed_scalars"]),
-        pytest.raises(TypeError, match="same dtypes, got int32, int16"),
-    ):
-        closed_scalar_kernel(kind)(n)  # the body got the scalar's int16 buffer id
+    want = np.full(16, 3 * 41 + 1, np.int32)
+    with simulate(devices=1, disable_patches=["closed_scalars"]):
+        if not jax_versions.at_least("0.12.1"):
+            with pytest.raises(TypeError, match="same dtypes, got int32, int16"):
+                closed_scalar_kernel(kind)(n)  # the body got the scalar's int16 buffer id
+        else:  # jax 0.12.1 (untested) hands the body the scalar; the fast path still needs it
+            np.testing.assert_array_equal(np.asarray(closed_scalar_kernel(kind)(n)), want)
     for fast_path in (False, True):
         with simulate(devices=1, fast_path=fast_path):
             got = np.asarray(closed_scalar_kernel(kind)(n))
-        np.testing.assert_array_equal(got, np.full(16, 3 * 41 + 1, np.int32))
+        np.testing.assert_array_equal(got, want)
 
 
 def test_closed_scalar_sizes_a_dynamic_pipeline_grid() -> None:
@@ -873,7 +878,7 @@ def nested_pipelines(x: Any) -> Any:
     primitives, the inner one's DMAs copy views of views."""
     out_type = jax.ShapeDtypeStruct(x.shape[1:], x.dtype)
 
-    @pl.kernel(out_type=out_type, mesh=pltpu.create_tensorcore_mesh("core"))
+    @pl.kernel(out_type=out_type, mesh=stock_tensorcore_mesh())
     def run_kernel(x_ref: Any, o_ref: Any) -> None:
         def outer_body(outer_x: Any, outer_o: Any) -> None:
             def inner_body(x: Any, o: Any) -> None:
@@ -907,7 +912,12 @@ def test_nested_ref_views() -> None:
         config.use_emit_pipeline_primitive(True),
     ):
         if jax_versions.at_least("0.11.0"):
-            with pytest.raises(ValueError, match="__jax_array__"):
+            stock = (  # jax 0.12.1 refuses the view of a view as it builds it
+                "TransformedRef cannot wrap a TransformedRef"
+                if compat.transformed_ref_refuses_nesting()
+                else "__jax_array__"
+            )
+            with pytest.raises(ValueError, match=stock):
                 nested_pipelines(x)
         else:  # 0.10's primitive is expanded by patch pipeline_primitive, views flattened
             np.testing.assert_array_equal(np.asarray(nested_pipelines(x)), np.asarray(x)[1] + 1)

@@ -20,6 +20,10 @@ JAXPR_CONSTS_SINCE = "0.11.0"
 #: ``transforms``; before it, ``transformed_block_aval`` (and ``block_aval`` a property that
 #: asserts there are no transforms).
 BLOCK_AVAL_FIELD_SINCE = "0.12.1"
+#: jax's first release whose interpreter answers ``pl.num_programs`` in an ``emit_pipeline``
+#: body over a grid sized at run time with the pipeline's size, as Mosaic does (measured: a grid
+#: of 4 adds 4; 0.11 and 0.12.0.1 answer with the kernel's, 0).
+PIPELINE_NUM_PROGRAMS_SINCE = "0.12.1"
 #: jax's first release whose ``TransformedRef`` refuses to wrap another (a view of a view).
 TRANSFORMED_REF_FLAT_SINCE = "0.12.1"
 
@@ -29,6 +33,11 @@ def block_aval_field() -> str:
     return (
         "block_aval" if jax_versions.at_least(BLOCK_AVAL_FIELD_SINCE) else "transformed_block_aval"
     )
+
+
+def pipeline_answers_num_programs() -> bool:
+    """Does the installed jax's interpreter give an emit_pipeline body its own grid size?"""
+    return jax_versions.at_least(PIPELINE_NUM_PROGRAMS_SINCE)
 
 
 def transformed_ref_refuses_nesting() -> bool:

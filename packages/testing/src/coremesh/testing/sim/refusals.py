@@ -360,13 +360,14 @@ def check_dynamic_pipeline_sizes(jaxpr: Any, label: str, chip: str) -> None:
     ``num_programs`` failed with an ``IndexError``. A static grid is resolved as the pipeline is
     traced, and runs. Where patch ``pipeline_primitive`` is in force (jax 0.10.2, whose
     interpreter has no rule for the primitive), it expands the primitive as Mosaic lowers it,
-    with the pipeline's sizes, so such a kernel runs."""
+    with the pipeline's sizes, so such a kernel runs; from jax 0.12.1 the interpreter answers
+    with the pipeline's sizes itself."""
     from jax._src.pallas import core as pallas_core
     from jax._src.pallas import primitives
 
     from coremesh.testing.sim import patches
 
-    if patches.in_force("pipeline_primitive"):
+    if patches.in_force("pipeline_primitive") or compat.pipeline_answers_num_programs():
         return
     for eqn in all_eqns(jaxpr):
         grid_mapping = (
