@@ -215,3 +215,42 @@ def test_vmem_shared_used_by_two_bodies_is_refused() -> None:
         )
         with pytest.raises(NotSimulatedError, match="VMEM_SHARED"):
             jax.jit(k)(jnp.zeros(LANES, jnp.int32))
+
+
+def prefetch_into_tensorcore_vmem(x: jax.Array) -> Any:
+    """A scalar-subcore kernel that starts a copy of ``x`` into a TensorCore's VMEM and hands on
+    the DMA semaphore a later TensorCore kernel would wait on (JAX's
+    ``test_async_sc_tc_prefetch_vmem``, its first kernel): its results are tied to a mesh it
+    does not run on."""
+    from coremesh.core import jax_compat
+
+    tc_mesh = jax_compat.tensorcore_mesh("tc", num_cores=1)
+    scalar = plsc.ScalarSubcoreMesh(axis_name="core", num_cores=1)
+
+    def body(x_ref: Any, out_tc_vmem: Any, tc_sem: Any, sem: Any) -> None:
+        pltpu.async_remote_copy(x_ref, out_tc_vmem, sem, tc_sem, device_id={"tc": 0}).wait_send()
+
+    out, _ = pl.kernel(
+        mesh=scalar,
+        out_type=(
+            pltpu.VMEM(x.shape, x.dtype) @ tc_mesh,
+            pltpu.SemaphoreType.DMA(()) @ tc_mesh,
+        ),
+        scratch_types=[pltpu.SemaphoreType.DMA(())],
+    )(body)(jax.new_ref(x))
+    return out
+
+
+@pytest.mark.parametrize("patched", [True, False], ids=["simulator", "stock"])
+def test_a_kernel_with_refs_on_an_external_mesh_is_refused_by_name(patched: bool) -> None:
+    """Stock's CPU lowering raises NotImplementedError for one body too; the simulator names it."""
+    x = jnp.arange(8 * 128, dtype=jnp.int32).reshape(8, 128)
+    off = [] if patched else ["mpmd_kernels"]
+    with simulate("v5p", devices=1, disable_patches=off):
+        if patched:
+            with pytest.raises(NotSimulatedError, match="tied to a mesh it does not run on") as e:
+                jax.jit(prefetch_into_tensorcore_vmem)(x)
+            assert e.value.chip == "v5p" and "external mesh" in str(e.value)
+        else:
+            with pytest.raises(NotImplementedError, match="External meshes are not currently"):
+                jax.jit(prefetch_into_tensorcore_vmem)(x)

@@ -20,7 +20,8 @@ another make progress, and a wait nothing can meet is the watchdog's named deadl
 
 Refused by name: scratch in ``VMEM_SHARED`` that more than one body uses (each interpreter core
 has its own), DMAs on mesh-tied semaphores, refs tied to a mesh outside the kernel (an
-asynchronous copy into a TensorCore's VMEM), and closed-over scalars.
+asynchronous copy into a TensorCore's VMEM; in a one-body kernel too, where jax's CPU lowering
+raises "External meshes are not currently supported"), and closed-over scalars.
 """
 
 from __future__ import annotations
@@ -401,6 +402,22 @@ def _core_of(grid: tuple[int, ...], params: Any) -> tuple[int, ...]:
     return tuple(order.index(k) for k in range(grid[0]))
 
 
+def _check_external(params: Any) -> None:
+    """Refs tied to a mesh the kernel does not run on (a SparseCore kernel's output in a
+    TensorCore's VMEM, with the DMA semaphore another kernel waits on) are refused by name."""
+    external = params.get("external_meshes")
+    if external:
+        names = ", ".join(f"{type(m).__name__}({dict(m.shape)})" for m in external)
+        raise NotSimulatedError(
+            f"a kernel's ref tied to a mesh it does not run on ({names}) is not simulated",
+            rule="the simulator runs a kernel's own meshes; an asynchronous copy into another "
+            "kernel's memory (an external mesh), finished by a later kernel's wait, is not "
+            "modelled",
+            chip=current().name,
+            fix="check the kernel with the compile-only target (coremesh.testing.aot)",
+        )
+
+
 def _check_bodies(jaxprs: Sequence[Any], meshes: Sequence[Any], params: Any) -> None:
     """Refuse what Mosaic's SparseCore lowering refuses in a body, as for a kernel over that
     mesh alone (the combined kernel has no mesh to tell it by)."""
@@ -424,11 +441,7 @@ def lower(ctx: Any, *in_nodes: Any, **params: Any) -> Any:
     from jax._src.state import types as st
 
     meshes, jaxprs = tuple(params["meshes"]), params["jaxprs"]
-    if params.get("external_meshes"):
-        raise _refusal(
-            "a ref tied to a mesh outside the kernel",
-            "an asynchronous copy into another kernel's memory (an external mesh) is not modelled",
-        )
+    _check_external(params)
     out_avals = params["out_avals"]
     n_in = len(in_nodes)
     if any(
@@ -503,7 +516,8 @@ def targets() -> list[tuple[Any, str, Any]]:
 
     def fallback_lowering(ctx: Any, *in_nodes: Any, **params: Any) -> Any:
         # Upstream (mpmd.py _mpmd_map_fallback_lowering) raises NotImplementedError for more
-        # than one mesh/function pair on CPU, interpret mode included.
+        # than one mesh/function pair on CPU, interpret mode included, and for external meshes.
+        _check_external(params)
         if len(params["jaxprs"]) > 1:
             return lower(ctx, *in_nodes, **params)
         return orig(ctx, *in_nodes, **params)
