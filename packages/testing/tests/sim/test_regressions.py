@@ -138,6 +138,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "padded_aliased_outputs",
         "chip_matmul",  # test_chip_matmul.py
         "scalar_division",  # test_scalar_division.py
+        "kernels_under_remat",  # test_kernel_effects.py
         "closed_scalars",
         "own_interpret_params",  # tests/sim/test_own_interpret_params.py
         "compile_cache",

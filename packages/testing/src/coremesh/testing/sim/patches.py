@@ -1166,6 +1166,12 @@ def _scalar_division_targets() -> list[tuple[Any, str, Any]]:
     return scalar_division.targets()
 
 
+def _kernel_effects_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import kernel_effects
+
+    return kernel_effects.targets()
+
+
 def _aliased_outputs_targets() -> list[tuple[Any, str, Any]]:
     from coremesh.testing.sim import aliased_outputs
 
@@ -1521,6 +1527,14 @@ PATCHES: tuple[Patch, ...] = (
         "jax.vjp compiles for x / 3.0), so a function and its vjp differ in the last bit on the "
         "CPU, and the chip's bfloat16 rounding of products makes that bit visible",
         _scalar_division_targets,
+    ),
+    Patch(
+        "kernels_under_remat",
+        "an interpreted kernel declares the effects of its host callbacks (IOEffect, "
+        "OrderedIOEffect), which jax.checkpoint refuses: differentiating a remat'd function "
+        "that calls a kernel fails ('Effects not supported in partial-eval of "
+        "`checkpoint`/`remat`'), where on a TPU the kernel has no effects and is recomputed",
+        _kernel_effects_targets,
     ),
 )
 
