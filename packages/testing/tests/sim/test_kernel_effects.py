@@ -151,3 +151,29 @@ def test_a_users_io_callback_under_checkpoint_is_still_refused() -> None:
     doubled.defvjp(lambda x: (host_double(x), ()), lambda _, g: (2.0 * g,))
     with simulate("v5p", devices=1), pytest.raises(NotImplementedError, match=REFUSED):
         jax.grad(jax.checkpoint(lambda x: (kernel_cubed(x) + doubled(x)).sum()))(X)
+
+
+def test_a_checkpointed_kernel_in_a_cond_and_a_shard_map() -> None:
+    """A checkpoint around a cond that calls the kernel, and a checkpointed kernel per device of
+    a shard_map over two simulated devices."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    def branch(x: jax.Array) -> jax.Array:
+        return jax.lax.cond(x.sum() > -1e9, kernel_cubed, lambda y: y, x).sum()
+
+    with simulate("v5p", devices=2):
+        got = np.asarray(jax.jit(jax.grad(jax.checkpoint(branch)))(X))
+        mesh = jax.make_mesh((2,), ("d",))
+        per_device = jax.shard_map(
+            jax.checkpoint(kernel_cubed),
+            mesh=mesh,
+            in_specs=P("d"),
+            out_specs=P("d"),
+            check_vma=False,
+        )
+        both = np.concatenate([X, -X])
+        xs = jax.device_put(both, NamedSharding(mesh, P("d")))
+        got_sharded = np.asarray(jax.jit(jax.grad(lambda x: per_device(x).sum()))(xs))
+    np.testing.assert_allclose(got, 3.0 * X**2, rtol=1e-6)
+    np.testing.assert_allclose(got_sharded, 3.0 * both**2, rtol=1e-6)
