@@ -1,6 +1,7 @@
 """Patch ``kernels_under_remat`` on every supported jax line: the gradient of a ``jax.checkpoint``
 of a function that calls a kernel, against numpy's, with and without a remat policy, for a
-``pallas_call`` and a ``pl.kernel`` over a TensorCore mesh (JAX's ``test_remat_with_checkpoint``).
+``pallas_call``, a ``pl.kernel`` over a TensorCore mesh (JAX's ``test_remat_with_checkpoint``) and
+a ``pl.core_map``, and inside a ``scan``, a ``cond`` and a ``shard_map``.
 Stock interpret mode refuses the kernel's effects there; a user's own ``io_callback`` in a
 checkpoint is refused inside the simulator as outside it."""
 

@@ -77,7 +77,7 @@ def _with_kernel_tokens(rule: Any) -> Any:
                 assert len(moved) < 2, "a kernel lowering moved both token chains"
                 if moved:
                     tokens[kernel] = moved[0]
-            ctx.set_tokens_out(mlir.TokenSet({e: tokens[e] for e in dict(ctx.tokens_in.items())}))
+            ctx.set_tokens_out(mlir.TokenSet(tokens))  # ctx.tokens_in's effects, in its order
         return out
 
     return lowering

@@ -440,8 +440,7 @@ def lower(ctx: Any, *in_nodes: Any, **params: Any) -> Any:
     from jax._src.pallas import pallas_call
     from jax._src.state import types as st
 
-    meshes, jaxprs = tuple(params["meshes"]), params["jaxprs"]
-    _check_external(params)
+    meshes, jaxprs = tuple(params["meshes"]), params["jaxprs"]  # external ones refused: targets()
     out_avals = params["out_avals"]
     n_in = len(in_nodes)
     if any(
