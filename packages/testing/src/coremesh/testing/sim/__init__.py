@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from coremesh.testing.sim.deadlock import DEFAULT_DEADLINE_S
     from coremesh.testing.sim.devices import configure_host_devices
     from coremesh.testing.sim.errors import (
+        LoweringRefusalError,
         MosaicRefusalError,
         NotSimulatedError,
         SimulationDeadlock,
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 _WHERE = {
     "DEFAULT_DEADLINE_S": "deadlock",
     "configure_host_devices": "devices",
+    "LoweringRefusalError": "errors",
     "MosaicRefusalError": "errors",
     "NotSimulatedError": "errors",
     "SimulationDeadlock": "errors",
@@ -46,6 +48,7 @@ _WHERE = {
 __all__ = [
     "DEFAULT_DEADLINE_S",
     "PATCH_NAMES",
+    "LoweringRefusalError",
     "MosaicRefusalError",
     "NotSimulatedError",
     "Schedule",

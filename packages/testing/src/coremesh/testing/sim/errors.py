@@ -50,6 +50,11 @@ class CompilerParamsError(CoremeshError, ValueError):
     """
 
 
+class LoweringRefusalError(CoremeshError, ValueError):
+    """A kernel Mosaic's lowering refuses with a ``ValueError``, refused before it runs, with
+    Mosaic's words (and its exception type, which code written for the chip catches)."""
+
+
 class KernelCapacityError(CapacityError, JaxRuntimeError):  # type: ignore[misc]
     """A kernel's buffers over the chip's VMEM or SMEM, refused before it runs.
 

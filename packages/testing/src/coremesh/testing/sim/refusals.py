@@ -26,7 +26,7 @@ from coremesh.core.errors import (
     MeshError,
     UnsupportedOnChipError,
 )
-from coremesh.testing.sim import compat
+from coremesh.testing.sim import compat, tc_accesses
 from coremesh.testing.sim.chip import SimulatedChip
 from coremesh.testing.sim.deadlock import semaphore_description
 from coremesh.testing.sim.errors import (
@@ -131,6 +131,7 @@ def check_kernel(
     if tensorcore:
         if _tensorcore_kernel_type(compiler_params):
             check_lowered_primitives(inner, label, chip.name)
+            tc_accesses.check_direct_accesses(inner, label, chip.name)
             check_tensorcore_dma_add(inner, label, chip.name)
             check_tensorcore_sparsecore_ops(inner, label, chip.name)
         check_integer_ops(inner, label, chip.name)
