@@ -1,6 +1,7 @@
 """Patch ``value_ops`` on every supported jax line: ``pltpu.pack_elementwise``,
-``unpack_elementwise`` and ``stochastic_round`` against numpy; without the patch, the refusal
-naming the primitive XLA:CPU cannot lower."""
+``unpack_elementwise`` and ``stochastic_round`` against numpy, ``trace_value`` and ``touch``
+leaving results alone; without the patch, the refusal naming the primitive XLA:CPU cannot lower,
+or jax's own failure."""
 
 from __future__ import annotations
 
@@ -150,3 +151,46 @@ def test_trace_value_stock() -> None:
     else:
         with pytest.raises(NotImplementedError, match="'trace_value' not found for platform"):
             run(traced, jnp.float32, x, stock=True)
+
+
+def touched(x_ref: Any, o_ref: Any) -> None:
+    pltpu.touch(x_ref)
+    o_ref[...] = x_ref[...] + 1
+    pltpu.touch(o_ref)
+
+
+@pytest.mark.parametrize("chip", ["v5e", "v5p"])
+def test_touch_leaves_the_result_alone(chip: str) -> None:
+    x = np.arange(8 * 128, dtype=np.float32).reshape(SHAPE)
+    np.testing.assert_array_equal(run(touched, jnp.float32, x, chip=chip), x + 1)
+
+
+def test_touch_in_a_vmapped_kernel_over_a_mesh() -> None:
+    """JAX's MPMD test_vmap: a kernel that only touches its operand, batched (vmap makes it a
+    grid, so a loop whose body holds the touch)."""
+    from coremesh.core import jax_compat
+
+    def body(x_hbm: Any, o_hbm: Any) -> None:
+        pltpu.touch(x_hbm)
+        pltpu.sync_copy(x_hbm, o_hbm)
+
+    x = np.arange(8 * 128, dtype=np.float32).reshape(1, *SHAPE)  # jax 0.10 and 0.11 batch 1 only
+    with simulate("v5p", 1):
+        kernel = pl.kernel(
+            body,
+            out_type=jax.ShapeDtypeStruct(SHAPE, jnp.float32),
+            mesh=jax_compat.tensorcore_mesh("core", num_cores=1),
+        )
+        got = np.asarray(jax.jit(jax.vmap(kernel))(x))
+    np.testing.assert_array_equal(got, x)
+
+
+def test_touch_stock() -> None:
+    """No interpreter has a rule for touch: the fallback's effect names no input of the
+    program, and tracing it fails in jax (a different error from jax 0.11 on)."""
+    x = np.zeros(SHAPE, np.float32)
+    with pytest.raises(
+        (ValueError, AttributeError),
+        match=r"does not have a corresponding jaxpr input|no attribute 'arg_names'",
+    ):
+        run(touched, jnp.float32, x, stock=True)

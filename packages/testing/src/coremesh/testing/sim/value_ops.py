@@ -18,7 +18,13 @@ so they compute what their docstrings (``jax._src.pallas.mosaic.primitives``) sp
   own use of the random bits is not documented: the values it can return are the same, the
   choice for given bits may differ;
 * ``trace_value(label, value)`` (jax 0.10 and 0.11; 0.12's interpreter drops it itself): nothing.
-  It puts the value in the profiler's trace, which the simulator does not produce.
+  It puts the value in the profiler's trace, which the simulator does not produce;
+* ``touch(ref)`` (``add_dependency``): nothing. It is a fake read and write of the ref that keeps
+  Mosaic from reordering accesses around it; the interpreter runs a core's accesses in program
+  order. No interpreter has a rule for it: its generic fallback bound it on the ref's buffer id,
+  whose read effect then named no input of the traced program ("``JaxprInputEffect`` ... does
+  not have a corresponding jaxpr input" on 0.10.2, "'Fake' object has no attribute 'arg_names'"
+  from 0.11), so any kernel calling ``pltpu.touch`` failed (JAX's MPMD ``test_vmap``).
 """
 
 from __future__ import annotations
@@ -106,6 +112,11 @@ def _trace_value(value: Any, *, label: str) -> Sequence[Any]:
     return []
 
 
+def _touch(ref: Any) -> Sequence[Any]:
+    del ref  # orders Mosaic's accesses; the interpreter's are in program order already
+    return []
+
+
 def rules() -> dict[Any, Rule]:
     """Each primitive with its rule (all exist from jax 0.10.2 on)."""
     from jax._src.pallas.mosaic import primitives as tpu
@@ -114,6 +125,7 @@ def rules() -> dict[Any, Rule]:
         "pack_elementwise_p": _pack,
         "unpack_elementwise_p": _unpack,
         "stochastic_round_p": _stochastic_round,
+        "touch_p": _touch,
     }
     if not jax_versions.at_least(TRACE_VALUE_INTERPRETED_SINCE):
         named["trace_value_p"] = _trace_value
