@@ -113,6 +113,9 @@ def test_a_direct_access_of_dma_only_memory_is_refused_as_mosaic_refuses_it(case
     assert ("ANY memory space can only be accessed using async_copy" in said) == (
         "ANY memory space can only be accessed using async_copy" in refused
     )
+    op = "get_p" if case != "out_in_hbm" else "swap_p"  # the interpreter's words, which
+    interpreter = f"{op}: Buffers with a memory space of HBM or ANY cannot be referenced directly"
+    assert interpreter in said  # JAX's test_referencing_hbm_raises matches
     assert "test_tc_accesses.py:" in said  # the kernel's line
     assert "pltpu.sync_copy" in said  # the fix
 

@@ -7,8 +7,9 @@ only allowed on VMEM and SMEM references. ANY memory space can only be accessed 
 async_copy." A ref whose memory space is unset is ANY on a TensorCore
 (``memory_space_to_tpu_memory_space``): an operand of ``pl.kernel`` without a memory space, an
 array ``pl.core_map`` closes over (``jax.new_ref(x)``). The interpreter refuses HBM and ANY
-with a ``ValueError`` of its own and fails on an unset one with a bare ``KeyError: None``
-(``TPU_MEMORY_SPACE_IDXS[None]``); checked with libtpu 0.0.52 for every chip, jax 0.12.0.1.
+with a ``ValueError`` of its own, whose words the refusal keeps beside Mosaic's, and failed on
+an unset one with a bare ``KeyError: None`` (``TPU_MEMORY_SPACE_IDXS[None]``); Mosaic's refusal
+checked with libtpu 0.0.52 for every chip, jax 0.12.0.1.
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ from coremesh.testing.sim.errors import LoweringRefusalError
 from coremesh.testing.sim.faults import user_location
 from coremesh.testing.sim.jaxprs import all_eqns, memory_space
 
+#: The interpreter's own words for HBM and ANY (``_get_memory_space_and_raise_if_hbm``, jax
+#: 0.10.2 to 0.12.1), after the primitive's name: JAX's interpret-mode tests match them.
+_INTERPRETER_WORDS = (
+    "Buffers with a memory space of HBM or ANY cannot be referenced directly. Instead, use "
+    "`pltpu.sync_copy` or `pltpu.async_copy`."
+)
 #: Memory spaces a TensorCore reaches only by DMA, as :func:`jaxprs.memory_space` names them.
 _DMA_ONLY = {"any": "ANY", "none": "ANY (unset)", "hbm": "HBM"}
 
@@ -46,7 +53,8 @@ def check_direct_accesses(jaxpr: Any, label: str, chip: str) -> None:
             else ""
         )
         raise LoweringRefusalError(
-            f"{label}: {words} only allowed on VMEM and SMEM references.{extra} (a {op} a "
+            f"{label}: {eqn.primitive.name}_p: {_INTERPRETER_WORDS} Mosaic: {words} only "
+            f"allowed on VMEM and SMEM references.{extra} (a {op} a "
             f"{getattr(aval, 'inner_aval', aval).str_short()} ref in {space}"
             + (f" at {where}" if where else "")
             + ")",
