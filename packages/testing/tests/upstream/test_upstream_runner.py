@@ -337,6 +337,50 @@ def test_a_process_holding_half_the_memory_limit_after_a_test_is_replaced(
     assert 3 <= run.processes <= 5
 
 
+def test_the_largest_of_processes_together_over_the_budget_is_stopped() -> None:
+    """Two processes share a 1 GiB budget: 200 MiB beside 600 MiB is inside it; 700 MiB beside
+    600 MiB is not, and only the larger is stopped; one process alone over it is stopped."""
+    import subprocess
+    import sys
+
+    from coremesh.testing.upstream.memory_budget import MemoryBudget, resident_bytes
+
+    def holding(mib: int) -> subprocess.Popen[bytes]:
+        code = f"import sys, numpy; a = numpy.ones({mib} * 2**20 // 8); print(1, flush=True); "
+        code += "sys.stdin.read()"
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        assert proc.stdout is not None and proc.stdout.readline() == b"1\n"  # every page written
+        return proc
+
+    budget = MemoryBudget(2**30, jobs=2)
+    assert budget.recycle_bytes == 2**28  # half of each job's share
+    small, big = holding(200), holding(600)
+    try:
+        with budget.watching(small.pid), budget.watching(big.pid):
+            assert not budget.over(small.pid) and not budget.over(big.pid)
+            bigger = holding(700)
+            try:
+                with budget.watching(bigger.pid):
+                    held = {p: resident_bytes(p) or 0 for p in (small.pid, big.pid, bigger.pid)}
+                    assert sum(held.values()) > 2**30  # over together, each alone under
+                    assert [budget.over(p) for p in (small.pid, big.pid, bigger.pid)] == [
+                        False,
+                        False,
+                        True,
+                    ]
+            finally:
+                bigger.kill()
+                bigger.wait()
+        assert MemoryBudget(2**28).over(big.pid)  # alone over a 256 MiB budget
+    finally:
+        for proc in (small, big):
+            proc.kill()
+            proc.wait()
+    assert "together held over 1.0 GiB" in budget.message()
+
+
 def test_jobs_run_files_at_once_and_keep_their_order(tmp_path: Path) -> None:
     tree = read_tree(_tree(tmp_path))
     files = select_files(tree, [])

@@ -73,8 +73,8 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="GIB",
-        help="a test process holding more than GIB of memory is stopped, the test an error "
-        "(default: 3/4 of the host's memory, shared by the --jobs)",
+        help="when the test processes together hold more than GIB of memory, the largest is "
+        "stopped, its test an error (default: 3/4 of the host's memory)",
     )
     sp.add_argument(
         "--give-up",
@@ -159,7 +159,7 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         only=chosen.by_file if chosen is not None else None,
         progress=finished,
         jobs=args.jobs,
-        memory_limit=_memory_limit(args.memory_limit, args.jobs),
+        memory_limit=_memory_limit(args.memory_limit),
         give_up=args.give_up or None,
         previous_seconds=last,
         previous_tests=earlier.tests,
@@ -183,12 +183,12 @@ def _write_tables(
     return table
 
 
-def _memory_limit(gib: float | None, jobs: int) -> int | None:
-    """Bytes one test process may hold: ``gib``, or 3/4 of the host's memory over ``jobs``."""
+def _memory_limit(gib: float | None) -> int | None:
+    """Bytes the run's test processes may hold together: ``gib``, or 3/4 of the host's."""
     if gib is not None:
         return int(gib * 2**30)
     total = host_memory()
-    return None if total is None else total * 3 // (4 * jobs)
+    return None if total is None else total * 3 // 4
 
 
 def _check_subset(chosen: Subset, runs: list[FileRun], stdout: TextIO) -> int:

@@ -11,6 +11,7 @@ hang in collection, or one pytest-timeout cannot see).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import fnmatch
 import os
 import re
@@ -27,6 +28,7 @@ from coremesh.core.errors import CoremeshError
 from coremesh.testing.upstream.events import Status, TestResult, first_line, read_events
 from coremesh.testing.upstream.file_run import FileRun, Mode
 from coremesh.testing.upstream.last_run import FileKey
+from coremesh.testing.upstream.memory_budget import MemoryBudget
 from coremesh.testing.upstream.needs import most_devices
 from coremesh.testing.upstream.parts import WHOLE, Part, Timed, joined, plan
 from coremesh.testing.upstream.tree import TestTree
@@ -142,40 +144,32 @@ def host_memory() -> int | None:
         return None
 
 
-def resident_bytes(pid: int) -> int | None:
-    """Resident bytes of process ``pid`` (Linux's /proc; None elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 Stop = Literal["stall", "memory"]
 
 
 def _wait(
-    proc: subprocess.Popen[bytes], events: Path, stall_s: float, memory_limit: int | None
+    proc: subprocess.Popen[bytes], events: Path, stall_s: float, memory: MemoryBudget | None
 ) -> Stop | None:
-    """Wait for ``proc``; stop it when ``events`` has not grown for ``stall_s``, or when it
-    holds more than ``memory_limit`` bytes (a test that would take the host's memory and have
-    the OS kill more than it)."""
+    """Wait for ``proc``; stop it when ``events`` has not grown for ``stall_s``, or when
+    ``memory`` says it holds too much (a test that would take the host's memory and have the OS
+    kill more than it)."""
     last_size, last_change = -1, time.monotonic()
-    while proc.poll() is None:
-        size = events.stat().st_size if events.exists() else 0
-        now = time.monotonic()
-        stop: Stop | None = None
-        if size != last_size:
-            last_size, last_change = size, now
-        elif now - last_change > stall_s:
-            stop = "stall"
-        if memory_limit is not None and (resident_bytes(proc.pid) or 0) > memory_limit:
-            stop = "memory"
-        if stop is not None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return stop
-        time.sleep(0.5)
+    with memory.watching(proc.pid) if memory is not None else contextlib.nullcontext():
+        while proc.poll() is None:
+            size = events.stat().st_size if events.exists() else 0
+            now = time.monotonic()
+            stop: Stop | None = None
+            if size != last_size:
+                last_size, last_change = size, now
+            elif now - last_change > stall_s:
+                stop = "stall"
+            if memory is not None and memory.over(proc.pid):
+                stop = "memory"
+            if stop is not None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return stop
+            time.sleep(0.5)
     return None
 
 
@@ -189,14 +183,14 @@ def run_file(
     keyword: str | None = None,
     only: Sequence[str] = (),
     python: str = sys.executable,
-    memory_limit: int | None = None,
+    memory: MemoryBudget | None = None,
     give_up: int | None = None,
     part: Part = WHOLE,
     slow: Mapping[str, float] = SLOW_TEST_SECONDS,
 ) -> FileRun:
     """Every test of ``file`` in ``mode`` (of ``part`` of it), restarting the child after a hang,
-    a crash or going over ``memory_limit`` bytes, and after it stopped between tests holding
-    more than half of that (the memory jax keeps for the tests it ran); after ``give_up`` hangs
+    a crash or ``memory`` stopping it, and after it stopped between tests holding more than
+    ``memory.recycle_bytes`` (the memory jax keeps for the tests it ran); after ``give_up`` hangs
     in a row, the rest is left unrun (stock interpret mode deadlocks on whole files: 859 tests
     of 180 s would take 43 hours). A test ``slow`` names (node id -> seconds it was measured to
     take) has a watchdog of twice that where ``timeout`` is less."""
@@ -233,7 +227,7 @@ def run_file(
         cmd = child_command(
             tree, file, mode, timeout=timeout, events=events, done=done_path, ini=ini,
             keyword=keyword, only=only, only_file=only_file, budgets_file=budgets_file,
-            recycle_bytes=None if memory_limit is None else memory_limit // 2, python=python,
+            recycle_bytes=None if memory is None else memory.recycle_bytes, python=python,
         )  # fmt: skip
         offset = log_path.stat().st_size
         with log_path.open("ab") as log:
@@ -241,7 +235,7 @@ def run_file(
                 cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
-            stopped = _wait(proc, events, stall_s, memory_limit)
+            stopped = _wait(proc, events, stall_s, memory)
         run.processes += 1
         got = read_events(events)
         run.results += got.results
@@ -259,8 +253,7 @@ def run_file(
         text = _log_text(log_path, offset)
         if stopped == "memory":
             status: Status = "error"
-            gib = (memory_limit or 0) / 2**30
-            message = f"over {gib:.1f} GiB of host memory; the runner stopped it"
+            message = memory.message() if memory is not None else "stopped for its memory"
         elif stopped:
             status = "hang"
             message = f"no progress in {stall_s:g} s; the runner stopped it"
@@ -325,7 +318,8 @@ def run_tree(
     last and run alone. ``previous_tests``: each test's seconds last time; with several jobs a
     file longer than its share is split across processes (:mod:`~.parts`). Both come from
     :func:`~coremesh.testing.upstream.last_run.read_last_run`. ``slow``: tests measured to take
-    longer than ``timeout`` (:data:`~.typical.SLOW_TEST_SECONDS`), which get their own watchdog."""
+    longer than ``timeout`` (:data:`~.typical.SLOW_TEST_SECONDS`), which get their own watchdog.
+    ``memory_limit``: bytes the test processes may hold together (:mod:`~.memory_budget`)."""
     if not files:
         raise CoremeshError(
             f"no test files selected in {tree.tests}",
@@ -344,6 +338,7 @@ def run_tree(
     units = [(pair, part) for pair in pairs for part in split.get(keys[pair], [WHOLE])]
     if jobs > 1:
         units = start_order(units, last)
+    memory = None if memory_limit is None else MemoryBudget(memory_limit, jobs)
     lock = threading.Lock()
     pieces: dict[tuple[Path, Mode], list[FileRun]] = {pair: [] for pair in pairs}
     runs: dict[tuple[Path, Mode], FileRun] = {}
@@ -359,7 +354,7 @@ def run_tree(
             keyword=keyword,
             only=(only or {}).get(file.name, ()),
             python=python,
-            memory_limit=memory_limit,
+            memory=memory,
             # A simulator run's hang is a slow test (its deadlocks raise): it never gives up.
             give_up=give_up if mode == "stock" else None,
             part=part,

@@ -235,7 +235,7 @@ def _recycle_if_large(item: pytest.Item, limit: int | None) -> None:
     crashing while it compiled). The runner starts a new process for the tests left."""
     if limit is None:
         return
-    from coremesh.testing.upstream.run import resident_bytes
+    from coremesh.testing.upstream.memory_budget import resident_bytes
 
     held = resident_bytes(os.getpid())
     if held is not None and held > limit:
