@@ -55,9 +55,11 @@ _DMA_PRIMITIVES = ("dma_start", "dma_wait")
 _ClosedJaxpr = compat.closed_jaxpr_class()
 
 
-def _refusal(what: str, why: str) -> NotSimulatedError:
+def _refusal(
+    what: str, why: str, kernel: str = " in an MPMD kernel (several body/mesh pairs)"
+) -> NotSimulatedError:
     return NotSimulatedError(
-        f"{what} in an MPMD kernel (several body/mesh pairs) is not simulated",
+        f"{what}{kernel} is not simulated",
         rule=why,
         chip=current().name,
         fix="check the kernel with the compile-only target (coremesh.testing.aot)",
@@ -408,13 +410,12 @@ def _check_external(params: Any) -> None:
     external = params.get("external_meshes")
     if external:
         names = ", ".join(f"{type(m).__name__}({dict(m.shape)})" for m in external)
-        raise NotSimulatedError(
-            f"a kernel's ref tied to a mesh it does not run on ({names}) is not simulated",
-            rule="the simulator runs a kernel's own meshes; an asynchronous copy into another "
+        raise _refusal(
+            f"a kernel's ref tied to a mesh it does not run on ({names})",
+            "the simulator runs a kernel's own meshes; an asynchronous copy into another "
             "kernel's memory (an external mesh), finished by a later kernel's wait, is not "
             "modelled",
-            chip=current().name,
-            fix="check the kernel with the compile-only target (coremesh.testing.aot)",
+            kernel="",  # one body or several
         )
 
 

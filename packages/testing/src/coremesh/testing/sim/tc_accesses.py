@@ -34,19 +34,20 @@ _DMA_ONLY = {"any": "ANY", "none": "ANY (unset)", "hbm": "HBM"}
 
 def check_direct_accesses(jaxpr: Any, label: str, chip: str) -> None:
     """Refuse a load or store of an HBM, ANY or unset ref in a TensorCore kernel, at its line."""
+    # Mosaic's words for each access (its load rule, its store rule), and what it is.
+    said = {
+        state_primitives.get_p: ("Loads are", "load of"),
+        state_primitives.swap_p: ("Loads and stores are", "store to"),
+    }
     for eqn in all_eqns(jaxpr):
-        if eqn.primitive is state_primitives.get_p:
-            words = "Loads are"
-        elif eqn.primitive is state_primitives.swap_p:
-            words = "Loads and stores are"
-        else:
+        if eqn.primitive not in said:
             continue
         aval = eqn.invars[0].aval
         space = _DMA_ONLY.get(memory_space(aval))
         if space is None:
             continue
+        words, op = said[eqn.primitive]
         where = user_location(eqn.source_info)
-        op = "load of" if eqn.primitive is state_primitives.get_p else "store to"
         extra = (
             " ANY memory space can only be accessed using async_copy."
             if space.startswith("ANY")

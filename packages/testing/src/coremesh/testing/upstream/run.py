@@ -252,8 +252,9 @@ def run_file(
             break
         text = _log_text(log_path, offset)
         if stopped == "memory":
+            assert memory is not None  # _wait stops for memory only under a budget
             status: Status = "error"
-            message = memory.message() if memory is not None else "stopped for its memory"
+            message = memory.message()
         elif stopped:
             status = "hang"
             message = f"no progress in {stall_s:g} s; the runner stopped it"
