@@ -134,6 +134,93 @@ def ping(*, only_subcore_0: bool = False) -> jax.Array:
     )()
 
 
+def barrier_then_copy(x: jax.Array, *, copy: bool = True) -> tuple[jax.Array, jax.Array]:
+    """Every core of both meshes signals every core, then waits for all of them (JAX's
+    test_mpmd_reduce_scatter's barrier, one vector subcore a core); after it each copies its
+    SparseCore's row of ``x`` to its own output (``copy``: a sync_copy, which from jax 0.11
+    is refused in a body, :data:`SCOPED_REFUSED`)."""
+    cores = x.shape[0]
+    vector = plsc.VectorSubcoreMesh(
+        core_axis_name="core", subcore_axis_name="subcore", num_cores=cores, num_subcores=1
+    )
+    scalar = plsc.ScalarSubcoreMesh(axis_name="core", num_cores=cores)
+
+    def barrier(mine: Any, scs: Any, tec: Any) -> None:
+        for c in range(cores):
+            pl.semaphore_signal(scs, device_id={"core": c})
+            pl.semaphore_signal(tec, device_id={"core": c, "subcore": 0})
+        pl.semaphore_wait(mine, 2 * cores)
+
+    def on_vector(x_hbm: Any, o_v: Any, o_s: Any, scs: Any, tec: Any) -> None:
+        del o_s
+        barrier(tec, scs, tec)
+        if copy:
+            c = jax.lax.axis_index("core")
+            pltpu.sync_copy(x_hbm.at[c], o_v.at[c])
+
+    def on_scalar(x_hbm: Any, o_v: Any, o_s: Any, scs: Any, tec: Any) -> None:
+        del o_v
+        barrier(scs, scs, tec)
+        if copy:
+            c = jax.lax.axis_index("core")
+            pltpu.sync_copy(x_hbm.at[c], o_s.at[c])
+
+    out: tuple[jax.Array, jax.Array] = pl.kernel(
+        body=[on_vector, on_scalar],
+        mesh=[vector, scalar],
+        out_type=(jax.ShapeDtypeStruct(x.shape, x.dtype),) * 2,
+        scratch_types=[
+            pltpu.SemaphoreType.REGULAR(()) @ scalar,
+            pltpu.SemaphoreType.REGULAR(()) @ vector,
+        ],
+    )(x)
+    return out
+
+
+def test_the_cores_of_every_mesh_meet_at_a_barrier() -> None:
+    """Each SparseCore's cores run at once: with a body's cores one after the other, core 0
+    waited for signals cores 1-3 had not yet sent (a false deadlock, 2 of 8)."""
+    with simulate("v5p", devices=1, deadline=20.0):
+        cores = plsc.get_sparse_core_info().num_cores
+        x = jnp.arange(cores * LANES, dtype=jnp.int32).reshape(cores, LANES) * 3 + 1
+        jax.block_until_ready(jax.jit(lambda x: barrier_then_copy(x, copy=False))(x))
+        if SCOPED_REFUSED:
+            return
+        o_v, o_s = jax.jit(barrier_then_copy)(x)
+    np.testing.assert_array_equal(np.asarray(o_v), np.asarray(x))
+    np.testing.assert_array_equal(np.asarray(o_s), np.asarray(x))
+
+
+def test_a_barrier_across_devices_runs_on_two_and_is_refused_on_four() -> None:
+    """Per device, 2 bodies x 4 SparseCores are 8 threads that may each block in a host
+    callback: 2 devices run; 4 (4 x 9 blocked callbacks) would stall XLA:CPU and are refused."""
+
+    def sharded(sim: Any, x: jax.Array) -> Any:
+        spec = jax.P("device")
+        f = jax.jit(
+            jax.shard_map(
+                lambda xs: barrier_then_copy(xs[0], copy=not SCOPED_REFUSED)[1][None],
+                mesh=sim.mesh(),
+                in_specs=spec,
+                out_specs=spec,
+                check_vma=False,
+            )
+        )
+        return sim.run(f, jax.device_put(x, jax.NamedSharding(sim.mesh(), spec)))
+
+    with simulate("v5p", devices=2, deadline=20.0) as sim:
+        cores = plsc.get_sparse_core_info().num_cores
+        x = jnp.arange(2 * cores * LANES, dtype=jnp.int32).reshape(2, cores, LANES)
+        y = np.asarray(sharded(sim, x))  # a deadlock if the cores took turns
+        if not SCOPED_REFUSED:
+            np.testing.assert_array_equal(y, np.asarray(x))
+    with simulate("v5p", devices=4) as sim:
+        x = jnp.zeros((4, cores, LANES), jnp.int32)
+        with pytest.raises(NotSimulatedError, match=r"8 threads run on 4 devices") as err:
+            sharded(sim, x)
+        assert "at most 3 device(s)" in str(err.value) and err.value.chip == "v5p"
+
+
 def test_stock_cannot_lower_an_mpmd_kernel() -> None:
     x = jnp.arange(LANES, dtype=jnp.int32)
     with (
@@ -175,7 +262,9 @@ def test_bodies_run_at_once_and_address_each_core_semaphore() -> None:
 def test_a_subcore_nobody_signals_is_a_named_deadlock() -> None:
     with simulate("v5p", devices=1, deadline=2.0), pytest.raises(SimulationDeadlock) as err:
         jax.block_until_ready(jax.jit(lambda: ping(only_subcore_0=True))())
-    assert err.value.device == 0 and err.value.core in (0, 1)
+    # one interpreter core (thread) per body and SparseCore
+    cores = 4  # v5p's SparseCores
+    assert err.value.device == 0 and 0 <= err.value.core < 2 * cores
     assert "semaphore" in str(err.value.semaphore)
 
 

@@ -9,14 +9,19 @@ semaphore per core of that mesh; a body signals another mesh's semaphore by nami
 addressing vector subcores from a scalar subcore must name the subcore axis). jax's CPU lowering
 (``mpmd._mpmd_map_fallback_lowering``) refuses more than one body.
 
-Here the bodies are one kernel on a grid ``(body, *axes of all meshes)``, its first axis
-parallel and split over as many interpreter cores as there are bodies: each body runs on its own
-thread, concurrently with the others, and the cores of its mesh run one after the other as the
-grid steps of that thread (as a SparseCore mesh's subcores do in the simulator; a step whose
-coordinates lie outside the body's mesh does nothing). A semaphore tied to a mesh is allocated
-with one element per core of that mesh; a wait, read or signal takes the element of the core it
-names, and a signal goes to the interpreter core that runs that mesh. So bodies that wait for one
-another make progress, and a wait nothing can meet is the watchdog's named deadlock.
+Here the bodies are one kernel on a grid ``(body, *axes of all meshes)``. Its first axis, and
+the core axis every mesh leads with (a SparseCore mesh's ``core``), are parallel and split over
+one interpreter core (a thread) per body and core: each core of each mesh runs on its own thread,
+concurrently with the others, and the subcores of a vector-subcore mesh run one after the other
+as the grid steps of that thread (as they do in the simulator's SparseCore kernels; a step whose
+coordinates lie outside the body's mesh does nothing). So a barrier across the cores of the
+meshes (each signals every core, then waits) runs as on the chip; with the cores one after the
+other on a body's thread it was a false deadlock. A semaphore tied to a mesh is allocated with
+one element per core of that mesh; a wait, read or signal takes the element of the core it names,
+and a signal goes to the interpreter core that runs that body's core. So bodies that wait for one
+another make progress, and a wait nothing can meet is the watchdog's named deadlock. Each thread
+may hold a blocked host callback, and XLA:CPU runs only about 31 at once per process: a kernel
+whose devices x threads exceed what was measured to run is refused by name.
 
 Refused by name: scratch in ``VMEM_SHARED`` that more than one body uses (each interpreter core
 has its own), DMAs on mesh-tied semaphores, refs tied to a mesh outside the kernel (an
@@ -32,6 +37,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax._src import core as jax_core
@@ -55,24 +61,44 @@ _DMA_PRIMITIVES = ("dma_start", "dma_wait")
 _ClosedJaxpr = compat.closed_jaxpr_class()
 
 
+_AOT = "check the kernel with the compile-only target (coremesh.testing.aot)"
+
+
 def _refusal(
-    what: str, why: str, kernel: str = " in an MPMD kernel (several body/mesh pairs)"
+    what: str,
+    why: str,
+    kernel: str = " in an MPMD kernel (several body/mesh pairs)",
+    fix: str = _AOT,
 ) -> NotSimulatedError:
     return NotSimulatedError(
-        f"{what}{kernel} is not simulated",
-        rule=why,
-        chip=current().name,
-        fix="check the kernel with the compile-only target (coremesh.testing.aot)",
+        f"{what}{kernel} is not simulated", rule=why, chip=current().name, fix=fix
     )
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """The kernel's meshes, the super-mesh of their axes and the interpreter core of each."""
+    """The kernel's meshes, the super-mesh of their axes (the ``parallel`` ones first) and the
+    interpreter core of each body and core: ``core_of[body][*coordinates on parallel]``."""
 
     meshes: tuple[Any, ...]
     axes: tuple[tuple[str, int], ...]
-    core_of: tuple[int, ...]
+    parallel: tuple[str, ...]
+    core_of: np.ndarray
+
+    def interpreter_core(self, body: int, coords: dict[str, Any]) -> Any:
+        """The interpreter core running ``body`` at ``coords`` (its parallel axes' values,
+        Python ints or traced)."""
+        at = [coords[name] for name in self.parallel]
+        if all(isinstance(c, int) for c in at):
+            return int(self.core_of[(body, *at)])
+        # A select per core, not an index into the table: the body may not close over arrays.
+        out: Any = 0
+        for idx in np.ndindex(*self.core_of.shape[1:]):
+            hit = functools.reduce(
+                jnp.logical_and, [c == i for c, i in zip(at, idx, strict=True)], True
+            )
+            out = jnp.where(hit, int(self.core_of[(body, *idx)]), out)
+        return out
 
     def index(self, mesh: Any) -> int:
         for k, m in enumerate(self.meshes):
@@ -163,7 +189,9 @@ def _semaphore_rule(eqn: Any, src: Any, plan: Plan) -> Any:
                 _at(sem, coords, transforms),
                 inc,
                 device_id=rest,
-                core_index=plan.core_of[plan.index(dest)],
+                core_index=plan.interpreter_core(
+                    plan.index(dest), dict(zip(dest.shape, coords, strict=True))
+                ),
                 **extra,
             )
             return []
@@ -311,10 +339,25 @@ def _check_scoped(jaxprs: Sequence[Any]) -> None:
 
 
 def _super_axes(meshes: Sequence[Any]) -> tuple[tuple[str, int], ...]:
+    """Every axis of the meshes, the :func:`_parallel_axes` first."""
     axes: dict[str, int] = {}
     for mesh in meshes:
         axes.update(mesh.shape)
-    return tuple(axes.items())
+    lead = _parallel_axes(meshes)
+    return tuple((n, axes[n]) for n in lead) + tuple(
+        (n, s) for n, s in axes.items() if n not in lead
+    )
+
+
+def _parallel_axes(meshes: Sequence[Any]) -> tuple[str, ...]:
+    """The core axis the meshes share: the first axis of each, when it is one name and size
+    (a SparseCore mesh's ``core``); its cores run at once. Else none: each body's cores run one
+    after the other."""
+    firsts = {next(iter(m.shape.items()), None) for m in meshes}
+    if len(firsts) != 1:
+        return ()
+    (first,) = firsts
+    return () if first is None else (first[0],)
 
 
 _PLACEHOLDER = "coremesh_mpmd_body_"
@@ -386,9 +429,11 @@ def combine(jaxprs: Sequence[Any], meshes: Sequence[Any], n_operands: int, plan:
     return _swap_placeholders(combined, fixed)
 
 
-def _core_of(grid: tuple[int, ...], params: Any) -> tuple[int, ...]:
-    """The interpreter core that runs each body: the interpreter shuffles a parallel axis with
-    the call's seed (``_get_randomized_grid_coordinates``); core k runs the body it draws."""
+def _core_of(grid: tuple[int, ...], params: Any, parallel: int) -> np.ndarray:
+    """The interpreter core that runs each point of the grid's first ``parallel`` axes (one
+    point per core): the interpreter shuffles each parallel axis with the call's seed
+    (``_get_randomized_grid_coordinates``) and deals the points in row-major order of their
+    loop indices, so core k runs the point its k-th loop index draws."""
     from jax._src import mesh as mesh_lib
     from jax._src import sharding_impls
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
@@ -400,8 +445,12 @@ def _core_of(grid: tuple[int, ...], params: Any) -> tuple[int, ...]:
         mesh_lib.use_abstract_mesh(mesh_lib.empty_abstract_mesh),
     ):
         coords = ipc._get_randomized_grid_coordinates(grid, params, None)
-    order = [int(b) for b in np.asarray(coords[0])]
-    return tuple(order.index(k) for k in range(grid[0]))
+    shape = grid[:parallel]
+    drawn = [np.asarray(coords[d]) for d in range(parallel)]
+    table = np.zeros(shape, np.int64)
+    for core, loop in enumerate(np.ndindex(*shape)):
+        table[tuple(int(drawn[d][i]) for d, i in enumerate(loop))] = core
+    return table
 
 
 def _check_external(params: Any) -> None:
@@ -435,6 +484,23 @@ def _check_bodies(jaxprs: Sequence[Any], meshes: Sequence[Any], params: Any) -> 
         )
 
 
+def _check_threads(threads: int) -> None:
+    """Refuse a kernel whose threads, on all the devices it runs on at once, could hold more
+    blocked host callbacks than XLA:CPU runs (a stall, seen as a false deadlock)."""
+    from coremesh.testing.sim.subcore_barrier import MAX_BLOCKED, devices_at_once
+
+    devices = devices_at_once()
+    if devices * (threads + 1) > MAX_BLOCKED:
+        raise _refusal(
+            f"a kernel of {threads} threads run on {devices} devices at once",
+            f"each device runs each core of each body on a thread, each of which may hold a "
+            f"blocked host callback (plus the device's thread map); XLA:CPU runs only about 31 "
+            f"blocked callbacks at once per process, and {devices} x {threads + 1} of them stall",
+            fix=f"run the kernel on at most {max(MAX_BLOCKED // (threads + 1), 1)} device(s) "
+            f"(outside shard_map, or a smaller mesh), or {_AOT}",
+        )
+
+
 def lower(ctx: Any, *in_nodes: Any, **params: Any) -> Any:
     """The CPU lowering of an MPMD kernel: one interpreted kernel, a thread per body."""
     from jax._src import tree_util as tu
@@ -451,12 +517,15 @@ def lower(ctx: Any, *in_nodes: Any, **params: Any) -> Any:
         raise _refusal("a closed-over scalar", "only ref operands are passed to MPMD bodies")
     _check_bodies(jaxprs, meshes, params)
     axes = _super_axes(meshes)
+    parallel = _parallel_axes(meshes)
     grid = (len(meshes), *(size for _, size in axes))
-    semantics = ("parallel", *("arbitrary" for _ in axes))
+    semantics = ("parallel", *("parallel" if n in parallel else "arbitrary" for n, _ in axes))
     compiler_params = params["compiler_params"] or tpu_core.CompilerParams()
     compiler_params = compiler_params.replace(dimension_semantics=semantics)
-    plan = Plan(meshes, axes, _core_of(grid, compiler_params))
-    jaxpr = combine(jaxprs, meshes, n_in + len(out_avals), plan)
+    plan = Plan(meshes, axes, parallel, _core_of(grid, compiler_params, 1 + len(parallel)))
+    jaxpr = combine(jaxprs, meshes, n_in + len(out_avals), plan)  # Mosaic's refusals first
+    threads = int(np.prod(grid[: 1 + len(parallel)]))
+    _check_threads(threads)
 
     default = meshes[0].default_memory_space
 
@@ -488,9 +557,9 @@ def lower(ctx: Any, *in_nodes: Any, **params: Any) -> Any:
         debug=params["debug"],
     )
     interpret = params["interpret"]
-    changes: dict[str, Any] = {"num_cores_or_threads": len(meshes), "random_seed": None}
+    changes: dict[str, Any] = {"num_cores_or_threads": threads, "random_seed": None}
     if hasattr(interpret, "fast_path_off"):
-        changes["fast_path_off"] = "an MPMD kernel (its bodies run on threads of their own)"
+        changes["fast_path_off"] = "an MPMD kernel (its bodies' cores run on threads of their own)"
     interpret = dataclasses.replace(interpret, **changes)
     return pallas_call._pallas_call_lowering(
         ctx,

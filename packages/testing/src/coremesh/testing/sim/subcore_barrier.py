@@ -158,7 +158,7 @@ def prepare(
             fix="check the kernel with the compile-only target (coremesh.testing.aot)",
         )
     cores, subcores = grid
-    devices = _devices()
+    devices = devices_at_once()
     if devices * (subcores + 1) > MAX_BLOCKED:
         raise NotSimulatedError(
             f"{what} in a kernel run on {devices} devices at once is not simulated",
@@ -191,7 +191,7 @@ def prepare(
     return _replace(interpret_params, num_cores_or_threads=subcores, random_seed=None)
 
 
-def _devices() -> int:
+def devices_at_once() -> int:
     """The devices the kernel runs on at once (the product of the traced device axes, as the
     interpreter counts them)."""
     import math
