@@ -134,22 +134,26 @@ def ping(*, only_subcore_0: bool = False) -> jax.Array:
     )()
 
 
-def barrier_then_copy(x: jax.Array, *, copy: bool = True) -> tuple[jax.Array, jax.Array]:
-    """Every core of both meshes signals every core, then waits for all of them (JAX's
-    test_mpmd_reduce_scatter's barrier, one vector subcore a core); after it each copies its
-    SparseCore's row of ``x`` to its own output (``copy``: a sync_copy, which from jax 0.11
-    is refused in a body, :data:`SCOPED_REFUSED`)."""
+def barrier_then_copy(
+    x: jax.Array, *, copy: bool = True, subcores: int = 1
+) -> tuple[jax.Array, jax.Array]:
+    """Every core and subcore of both meshes signals every one, then waits for all of them
+    (JAX's test_mpmd_reduce_scatter's barrier with one vector subcore a core, its
+    test_copy_with_cross_core_signaling's with more); after it each copies its SparseCore's
+    row of ``x`` to its own output (``copy``: a sync_copy, which from jax 0.11 is refused in a
+    body, :data:`SCOPED_REFUSED`)."""
     cores = x.shape[0]
     vector = plsc.VectorSubcoreMesh(
-        core_axis_name="core", subcore_axis_name="subcore", num_cores=cores, num_subcores=1
+        core_axis_name="core", subcore_axis_name="subcore", num_cores=cores, num_subcores=subcores
     )
     scalar = plsc.ScalarSubcoreMesh(axis_name="core", num_cores=cores)
 
     def barrier(mine: Any, scs: Any, tec: Any) -> None:
         for c in range(cores):
             pl.semaphore_signal(scs, device_id={"core": c})
-            pl.semaphore_signal(tec, device_id={"core": c, "subcore": 0})
-        pl.semaphore_wait(mine, 2 * cores)
+            for s in range(subcores):
+                pl.semaphore_signal(tec, device_id={"core": c, "subcore": s})
+        pl.semaphore_wait(mine, cores * (1 + subcores))
 
     def on_vector(x_hbm: Any, o_v: Any, o_s: Any, scs: Any, tec: Any) -> None:
         del o_s
@@ -191,6 +195,26 @@ def test_the_cores_of_every_mesh_meet_at_a_barrier() -> None:
     np.testing.assert_array_equal(np.asarray(o_s), np.asarray(x))
 
 
+def test_subcores_that_signal_one_another_run_at_once() -> None:
+    """A vector subcore's signal to another subcore makes the subcores run at once too (they
+    took turns, and subcore 0 waited for subcore 1: a false deadlock); a mesh of more threads
+    than XLA:CPU runs blocked at once is refused by name (JAX's
+    test_copy_with_cross_core_signaling, 2 bodies x 4 SparseCores x 16 subcores)."""
+    with simulate("v5p", devices=1, deadline=20.0):
+        cores = plsc.get_sparse_core_info().num_cores
+        x = jnp.arange(cores * LANES, dtype=jnp.int32).reshape(cores, LANES) - 5
+        barrier = jax.jit(lambda x: barrier_then_copy(x, copy=False, subcores=SUBCORES))
+        jax.block_until_ready(barrier(x))
+        if not SCOPED_REFUSED:
+            o_v, o_s = jax.jit(lambda x: barrier_then_copy(x, subcores=SUBCORES))(x)
+            np.testing.assert_array_equal(np.asarray(o_v), np.asarray(x))
+            np.testing.assert_array_equal(np.asarray(o_s), np.asarray(x))
+        every = plsc.get_sparse_core_info().num_subcores
+        with pytest.raises(NotSimulatedError, match=rf"{2 * cores * every} threads") as err:
+            jax.jit(lambda x: barrier_then_copy(x, copy=False, subcores=every))(x)
+        assert "fewer cores or subcores" in str(err.value)
+
+
 def test_a_barrier_across_devices_runs_on_two_and_is_refused_on_four() -> None:
     """Per device, 2 bodies x 4 SparseCores are 8 threads that may each block in a host
     callback: 2 devices run; 4 (4 x 9 blocked callbacks) would stall XLA:CPU and are refused."""
@@ -216,7 +240,7 @@ def test_a_barrier_across_devices_runs_on_two_and_is_refused_on_four() -> None:
             np.testing.assert_array_equal(y, np.asarray(x))
     with simulate("v5p", devices=4) as sim:
         x = jnp.zeros((4, cores, LANES), jnp.int32)
-        with pytest.raises(NotSimulatedError, match=r"8 threads run on 4 devices") as err:
+        with pytest.raises(NotSimulatedError, match=r"8 threads run on 4 device\(s\)") as err:
             sharded(sim, x)
         assert "at most 3 device(s)" in str(err.value) and err.value.chip == "v5p"
 

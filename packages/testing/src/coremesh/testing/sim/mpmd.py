@@ -87,8 +87,8 @@ class Plan:
 
     def interpreter_core(self, body: int, coords: dict[str, Any]) -> Any:
         """The interpreter core running ``body`` at ``coords`` (its parallel axes' values,
-        Python ints or traced)."""
-        at = [coords[name] for name in self.parallel]
+        Python ints or traced; an axis its mesh lacks, a scalar mesh's subcore, is 0)."""
+        at = [coords.get(name, 0) for name in self.parallel]
         if all(isinstance(c, int) for c in at):
             return int(self.core_of[(body, *at)])
         # A select per core, not an index into the table: the body may not close over arrays.
@@ -338,26 +338,50 @@ def _check_scoped(jaxprs: Sequence[Any]) -> None:
             )
 
 
-def _super_axes(meshes: Sequence[Any]) -> tuple[tuple[str, int], ...]:
-    """Every axis of the meshes, the :func:`_parallel_axes` first."""
+def _super_axes(meshes: Sequence[Any], lead: tuple[str, ...] = ()) -> tuple[tuple[str, int], ...]:
+    """Every axis of the meshes, those of ``lead`` (the parallel ones) first."""
     axes: dict[str, int] = {}
     for mesh in meshes:
         axes.update(mesh.shape)
-    lead = _parallel_axes(meshes)
     return tuple((n, axes[n]) for n in lead) + tuple(
         (n, s) for n, s in axes.items() if n not in lead
     )
 
 
-def _parallel_axes(meshes: Sequence[Any]) -> tuple[str, ...]:
-    """The core axis the meshes share: the first axis of each, when it is one name and size
-    (a SparseCore mesh's ``core``); its cores run at once. Else none: each body's cores run one
-    after the other."""
-    firsts = {next(iter(m.shape.items()), None) for m in meshes}
-    if len(firsts) != 1:
+def _parallel_axes(jaxprs: Sequence[Any], meshes: Sequence[Any]) -> tuple[str, ...]:
+    """The axes whose points run at once, each on its own thread: the core axis the meshes
+    share (the first axis of each, when it is one name and size: a SparseCore mesh's
+    ``core``), and after it the subcore axis of a vector-subcore mesh whose subcores signal one
+    another (:func:`_subcores_signal`), which cannot take turns. Else none: each body's cores
+    run one after the other."""
+    firsts = {tuple(m.shape.items())[:1] for m in meshes}
+    if len(firsts) != 1 or () in firsts:
         return ()
-    (first,) = firsts
-    return () if first is None else (first[0],)
+    (((core, _),),) = firsts
+    subcores = _subcores_signal(jaxprs, meshes)
+    return (core,) if subcores is None else (core, subcores)
+
+
+def _subcores_signal(jaxprs: Sequence[Any], meshes: Sequence[Any]) -> str | None:
+    """The subcore axis of a vector-subcore mesh when a body of that mesh signals a semaphore
+    of it naming that axis (a subcore signalling a subcore: JAX's cross-core barriers); the
+    subcores must then run at once. None when no body does."""
+    from coremesh.testing.sim.jaxprs import all_eqns
+
+    for jaxpr, src in zip(jaxprs, meshes, strict=True):
+        if len(src.shape) < 2:
+            continue
+        subcore = list(src.shape)[1]
+        for eqn in all_eqns(jaxpr):
+            if eqn.primitive.name != "semaphore_signal":
+                continue
+            tied = _tied(eqn.invars[0].aval) if isinstance(eqn.invars[0], jax_core.Var) else None
+            if tied is None or (tied.mesh is not src and tied.mesh != src):
+                continue
+            device_id = tree_util.tree_unflatten(eqn.params["args_tree"], eqn.invars)[3]
+            if isinstance(device_id, dict) and subcore in device_id and src.shape[subcore] > 1:
+                return str(subcore)
+    return None
 
 
 _PLACEHOLDER = "coremesh_mpmd_body_"
@@ -492,12 +516,17 @@ def _check_threads(threads: int) -> None:
     devices = devices_at_once()
     if devices * (threads + 1) > MAX_BLOCKED:
         raise _refusal(
-            f"a kernel of {threads} threads run on {devices} devices at once",
+            f"a kernel of {threads} threads run on {devices} device(s) at once",
             f"each device runs each core of each body on a thread, each of which may hold a "
             f"blocked host callback (plus the device's thread map); XLA:CPU runs only about 31 "
             f"blocked callbacks at once per process, and {devices} x {threads + 1} of them stall",
-            fix=f"run the kernel on at most {max(MAX_BLOCKED // (threads + 1), 1)} device(s) "
-            f"(outside shard_map, or a smaller mesh), or {_AOT}",
+            fix=(
+                f"run the kernel on at most {MAX_BLOCKED // (threads + 1)} device(s) (outside "
+                f"shard_map, or a smaller mesh), or {_AOT}"
+                if threads + 1 <= MAX_BLOCKED
+                else f"use meshes of fewer cores or subcores (at most {MAX_BLOCKED - 1} threads "
+                f"a device: bodies x cores, x subcores where they signal one another), or {_AOT}"
+            ),
         )
 
 
@@ -516,8 +545,8 @@ def lower(ctx: Any, *in_nodes: Any, **params: Any) -> Any:
     ):
         raise _refusal("a closed-over scalar", "only ref operands are passed to MPMD bodies")
     _check_bodies(jaxprs, meshes, params)
-    axes = _super_axes(meshes)
-    parallel = _parallel_axes(meshes)
+    parallel = _parallel_axes(jaxprs, meshes)
+    axes = _super_axes(meshes, parallel)
     grid = (len(meshes), *(size for _, size in axes))
     semantics = ("parallel", *("parallel" if n in parallel else "arbitrary" for n, _ in axes))
     compiler_params = params["compiler_params"] or tpu_core.CompilerParams()
