@@ -155,22 +155,19 @@ def barrier_then_copy(
                 pl.semaphore_signal(tec, device_id={"core": c, "subcore": s})
         pl.semaphore_wait(mine, cores * (1 + subcores))
 
-    def on_vector(x_hbm: Any, o_v: Any, o_s: Any, scs: Any, tec: Any) -> None:
-        del o_s
-        barrier(tec, scs, tec)
-        if copy:
-            c = jax.lax.axis_index("core")
-            pltpu.sync_copy(x_hbm.at[c], o_v.at[c])
+    def on(mesh: int) -> Any:
+        """Mesh 0 (vector) or 1 (scalar): wait on its semaphore, write its output."""
 
-    def on_scalar(x_hbm: Any, o_v: Any, o_s: Any, scs: Any, tec: Any) -> None:
-        del o_v
-        barrier(scs, scs, tec)
-        if copy:
-            c = jax.lax.axis_index("core")
-            pltpu.sync_copy(x_hbm.at[c], o_s.at[c])
+        def body(x_hbm: Any, o_v: Any, o_s: Any, scs: Any, tec: Any) -> None:
+            barrier((tec, scs)[mesh], scs, tec)
+            if copy:
+                c = jax.lax.axis_index("core")
+                pltpu.sync_copy(x_hbm.at[c], (o_v, o_s)[mesh].at[c])
+
+        return body
 
     out: tuple[jax.Array, jax.Array] = pl.kernel(
-        body=[on_vector, on_scalar],
+        body=[on(0), on(1)],
         mesh=[vector, scalar],
         out_type=(jax.ShapeDtypeStruct(x.shape, x.dtype),) * 2,
         scratch_types=[
