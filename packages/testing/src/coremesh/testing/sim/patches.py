@@ -604,7 +604,7 @@ def _interpret_call_targets() -> list[tuple[Any, str, Any]]:
     from jax._src.pallas.mosaic import core as mosaic_core
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
-    from coremesh.testing.sim import core_semaphores, sparsecore, subcore_barrier
+    from coremesh.testing.sim import core_semaphores, sc_targets, sparsecore, subcore_barrier
 
     orig = ipc.interpret_pallas_call
 
@@ -648,6 +648,7 @@ def _interpret_call_targets() -> list[tuple[Any, str, Any]]:
                         mesh, interpret_params, kw, what=threaded
                     )
                     return orig(*args, mesh=None, interpret_params=interpret_params, **kw)
+                sc_targets.check(kw["jaxpr"], mesh)  # another step, by name: nowhere to land
                 mesh = None
                 interpret_params = dataclasses.replace(interpret_params, num_cores_or_threads=1)
                 # The steps would share the kernel's scratch semaphores: each gets its own.
