@@ -314,8 +314,8 @@ def _check_shared(jaxprs: Sequence[Any], n_operands: int) -> None:
         if users > 1:
             raise _refusal(
                 "VMEM_SHARED scratch used by more than one body",
-                "the simulator runs each body on its own interpreter core, whose VMEM_SHARED "
-                "is its own; on the chip the subcores of a SparseCore share it",
+                "the simulator runs each body's cores on interpreter cores of their own, each "
+                "with its own VMEM_SHARED; on the chip the subcores of a SparseCore share it",
             )
 
 
@@ -531,7 +531,8 @@ def _check_threads(threads: int) -> None:
 
 
 def lower(ctx: Any, *in_nodes: Any, **params: Any) -> Any:
-    """The CPU lowering of an MPMD kernel: one interpreted kernel, a thread per body."""
+    """The CPU lowering of an MPMD kernel: one interpreted kernel, a thread per core of each
+    body (per subcore too where subcores signal one another)."""
     from jax._src import tree_util as tu
     from jax._src.pallas import pallas_call
     from jax._src.state import types as st
