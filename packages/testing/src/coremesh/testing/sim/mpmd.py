@@ -75,7 +75,7 @@ def _refusal(
     )
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # core_of is an array: no field-wise == or hash
 class Plan:
     """The kernel's meshes, the super-mesh of their axes (the ``parallel`` ones first) and the
     interpreter core of each body and core: ``core_of[body][*coordinates on parallel]``."""
