@@ -511,19 +511,19 @@ def _check_bodies(jaxprs: Sequence[Any], meshes: Sequence[Any], params: Any) -> 
 def _check_threads(threads: int) -> None:
     """Refuse a kernel whose threads, on all the devices it runs on at once, could hold more
     blocked host callbacks than XLA:CPU runs (a stall, seen as a false deadlock)."""
-    from coremesh.testing.sim.subcore_barrier import MAX_BLOCKED, devices_at_once
+    from coremesh.testing.sim.subcore_barrier import MAX_BLOCKED, devices_at_once, devices_that_fit
 
-    devices = devices_at_once()
-    if devices * (threads + 1) > MAX_BLOCKED:
+    devices, fit = devices_at_once(), devices_that_fit(threads)
+    if devices > fit:
         raise _refusal(
             f"a kernel of {threads} threads run on {devices} device(s) at once",
             f"each device runs each core of each body on a thread, each of which may hold a "
             f"blocked host callback (plus the device's thread map); XLA:CPU runs only about 31 "
             f"blocked callbacks at once per process, and {devices} x {threads + 1} of them stall",
             fix=(
-                f"run the kernel on at most {MAX_BLOCKED // (threads + 1)} device(s) (outside "
+                f"run the kernel on at most {fit} device(s) (outside "
                 f"shard_map, or a smaller mesh), or {_AOT}"
-                if threads + 1 <= MAX_BLOCKED
+                if fit
                 else f"use meshes of fewer cores or subcores (at most {MAX_BLOCKED - 1} threads "
                 f"a device: bodies x cores, x subcores where they signal one another), or {_AOT}"
             ),
@@ -554,7 +554,7 @@ def lower(ctx: Any, *in_nodes: Any, **params: Any) -> Any:
     compiler_params = compiler_params.replace(dimension_semantics=semantics)
     plan = Plan(meshes, axes, parallel, _core_of(grid, compiler_params, 1 + len(parallel)))
     jaxpr = combine(jaxprs, meshes, n_in + len(out_avals), plan)  # Mosaic's refusals first
-    threads = int(np.prod(grid[: 1 + len(parallel)]))
+    threads = plan.core_of.size  # one per point of the parallel axes
     _check_threads(threads)
 
     default = meshes[0].default_memory_space

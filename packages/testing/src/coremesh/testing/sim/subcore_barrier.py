@@ -159,7 +159,7 @@ def prepare(
         )
     cores, subcores = grid
     devices = devices_at_once()
-    if devices * (subcores + 1) > MAX_BLOCKED:
+    if devices > devices_that_fit(subcores):
         raise NotSimulatedError(
             f"{what} in a kernel run on {devices} devices at once is not simulated",
             rule=f"each device runs its {subcores} subcores on threads, each of which may hold a "
@@ -168,7 +168,7 @@ def prepare(
             "stall (measured: 2 devices run, 4 stall and end as a false deadlock)",
             chip=current().name,
             fix="run the kernel on at most "
-            f"{max(MAX_BLOCKED // (subcores + 1), 1)} device(s) (outside shard_map, or a smaller "
+            f"{max(devices_that_fit(subcores), 1)} device(s) (outside shard_map, or a smaller "
             "mesh), or check it with the compile-only target (coremesh.testing.aot)",
         )
     body = kw["jaxpr"]
@@ -189,6 +189,13 @@ def prepare(
     with _layout_lock:
         _subcore_of_thread[subcores] = layout
     return _replace(interpret_params, num_cores_or_threads=subcores, random_seed=None)
+
+
+def devices_that_fit(threads: int) -> int:
+    """How many devices may run a kernel of ``threads`` threads a device at once: each thread
+    and each device's thread map may hold a blocked callback, :data:`MAX_BLOCKED` in all (0:
+    not even one device)."""
+    return MAX_BLOCKED // (threads + 1)
 
 
 def devices_at_once() -> int:
