@@ -1,7 +1,7 @@
 """A one-mesh SparseCore kernel's signal addressed by name to another of its SparseCores: libtpu
 compiles it for v5p, and the simulator, which runs the mesh's cores one after the other, refuses
 it by name at its line (it raised a MeshError saying the device has one core, or jax's own
-NotImplementedError for two mesh axes). A mesh of one SparseCore naming itself is not refused."""
+NotImplementedError for two mesh axes). A mesh of one SparseCore naming itself runs."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import tpu_sc as plsc
 
-from coremesh.core import jax_versions
+from coremesh.testing.aot.topology import CompileTarget
 from coremesh.testing.sim import NotSimulatedError, simulate
 
 pytestmark = pytest.mark.sim
@@ -69,8 +69,6 @@ def barrier(kind: str, cores: int | None = None) -> Any:
 
 
 def compiles_for_v5p(kind: str) -> bool:
-    from coremesh.testing.aot.topology import CompileTarget
-
     with CompileTarget.for_chip("v5p", devices=1).activate():
         jax.jit(barrier(kind)).trace().lower().compile()
     return True
@@ -90,13 +88,11 @@ def test_a_signal_to_another_sparsecore_compiles_and_is_refused_by_name(kind: st
 @pytest.mark.parametrize("kind", ["scalar", "vector"])
 def test_a_sparsecore_naming_itself_is_not_refused(kind: str) -> None:
     """The guard against refusing too much: a mesh of one SparseCore names only itself, and
-    runs on jax 0.10.2. From jax 0.11 the interpreter resolves a device_id's core axis itself
-    and, as the simulator hands it the mesh's cores as grid steps, raises its own
-    "Unrecognized axes in device_id" (a gap left open: a one-SparseCore mesh naming itself)."""
+    runs. From jax 0.12 the interpreter resolves a device_id's core axis itself and, as the
+    simulator hands it the mesh's cores as grid steps, raised its own "Unrecognized axes in
+    device_id"; an axis of one point is now taken out of the device_id first."""
+    with CompileTarget.for_chip("v5p", devices=1).activate():
+        jax.jit(barrier(kind, cores=1)).trace().lower().compile()
     with simulate("v5p", devices=1):
-        if jax_versions.at_least("0.12.0"):
-            with pytest.raises(ValueError, match="Unrecognized axes in device_id"):
-                jax.jit(barrier(kind, cores=1))()
-            return
         out = np.asarray(jax.jit(barrier(kind, cores=1))())
     np.testing.assert_array_equal(out, np.full(8, 1, np.int32))

@@ -649,6 +649,9 @@ def _interpret_call_targets() -> list[tuple[Any, str, Any]]:
                     )
                     return orig(*args, mesh=None, interpret_params=interpret_params, **kw)
                 sc_targets.check(kw["jaxpr"], mesh)  # another step, by name: nowhere to land
+                own_only = sc_targets.own_axes_dropped(kw["jaxpr"], mesh)  # {"core": 0} of 1
+                if own_only is not None:
+                    kw["jaxpr"] = own_only
                 mesh = None
                 interpret_params = dataclasses.replace(interpret_params, num_cores_or_threads=1)
                 # The steps would share the kernel's scratch semaphores: each gets its own.

@@ -9,6 +9,12 @@ own ``NotImplementedError`` (for two mesh axes). Mosaic compiles such kernels (v
 0.0.52), so this is a gap of the simulator, refused by name before the kernel runs. An MPMD
 kernel's bodies (:mod:`.mpmd`) run each SparseCore on its own thread and are not checked here;
 neither are kernels whose subcores run at once (:mod:`.subcore_barrier`).
+
+An axis of one point can name only the signaller's own place on it: :func:`own_axes_dropped`
+takes such axes out of a ``device_id`` (``{"core": 0}`` on a mesh of one SparseCore is the
+core's own semaphore, as Mosaic resolves it). From jax 0.12 the interpreter resolves a
+``device_id``'s mesh axes itself and, given the mesh's cores as grid steps, raised its own
+``ValueError: Unrecognized axes in device_id`` there.
 """
 
 from __future__ import annotations
@@ -16,10 +22,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from jax._src import core as jax_core
+
+from coremesh.testing.sim import compat
 from coremesh.testing.sim.chip import current
 from coremesh.testing.sim.errors import NotSimulatedError
 from coremesh.testing.sim.faults import user_location
 from coremesh.testing.sim.jaxprs import all_eqns
+
+_ClosedJaxpr = compat.closed_jaxpr_class()
 
 #: Primitives that take a ``device_id`` among their flattened arguments.
 _ADDRESSED = ("semaphore_signal", "dma_start")
@@ -63,3 +74,64 @@ def check(jaxpr: Any, mesh: Any) -> None:
                 "MPMD kernel (pl.kernel with body=[...] and mesh=[...] and semaphores tied to a "
                 "mesh) runs each SparseCore on its own thread in the simulator",
             )
+
+
+def own_axes_dropped(jaxpr: Any, mesh: Any) -> Any | None:
+    """``jaxpr`` (a kernel over SparseCore ``mesh``) with the axes of ``mesh`` that have one
+    point taken out of every signal's and DMA's ``device_id`` (a ``device_id`` left empty is the
+    signaller's own: ``None``), or None when no ``device_id`` names such an axis."""
+    single = {a for a, n in dict(mesh.shape).items() if n == 1}
+    if not single or not any(_names(eqn, single) for eqn in all_eqns(jaxpr)):
+        return None
+    return _dropped(jaxpr, single)
+
+
+def _names(eqn: Any, axes: set[Any]) -> bool:
+    if eqn.primitive.name not in _ADDRESSED:
+        return False
+    return any(isinstance(a, dict) and axes & set(a) for a in _arguments(eqn)[1])
+
+
+def _arguments(eqn: Any) -> tuple[str, Any]:
+    """The name of ``eqn``'s argument-tree parameter and its arguments (unflattened)."""
+    from jax._src import tree_util
+
+    for key in ("args_tree", "tree"):  # semaphore_signal's, dma_start's
+        tree = eqn.params.get(key)
+        if tree is not None:
+            return key, tree_util.tree_unflatten(tree, eqn.invars)
+    return "", ()
+
+
+def _dropped(jaxpr: Any, axes: set[Any]) -> Any:
+    """``jaxpr`` (a ``Jaxpr`` or ``ClosedJaxpr``) with ``axes`` out of its device ids, nested
+    jaxprs too."""
+    from jax._src import tree_util
+
+    if _ClosedJaxpr is not None and isinstance(jaxpr, _ClosedJaxpr):
+        return jaxpr.replace(jaxpr=_dropped(jaxpr.jaxpr, axes))
+
+    def param(p: Any) -> Any:
+        if isinstance(p, tuple | list):
+            return type(p)(param(item) for item in p)
+        if isinstance(p, jax_core.Jaxpr) or (
+            _ClosedJaxpr is not None and isinstance(p, _ClosedJaxpr)
+        ):
+            return _dropped(p, axes)
+        return p
+
+    eqns = []
+    for old in jaxpr.eqns:
+        new = old.replace(params={k: param(v) for k, v in old.params.items()})
+        if _names(new, axes):
+            key, args = _arguments(new)
+            kept = type(args)(_without(a, axes) if isinstance(a, dict) else a for a in args)
+            leaves, tree = tree_util.tree_flatten(kept)
+            new = new.replace(invars=leaves, params={**new.params, key: tree})
+        eqns.append(new)
+    return jaxpr.replace(eqns=eqns)
+
+
+def _without(device_id: dict[Any, Any], axes: set[Any]) -> dict[Any, Any] | None:
+    kept = {a: v for a, v in device_id.items() if a not in axes}
+    return kept or None
