@@ -15,10 +15,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import tpu_sc as plsc
 
+from coremesh.core import jax_versions
 from coremesh.testing.aot.topology import CompileTarget
 from coremesh.testing.sim import NotSimulatedError, simulate
 
 pytestmark = pytest.mark.sim
+
+LANES = 16
 
 
 def barrier(kind: str, cores: int | None = None) -> Any:
@@ -96,3 +99,48 @@ def test_a_sparsecore_naming_itself_is_not_refused(kind: str) -> None:
     with simulate("v5p", devices=1):
         out = np.asarray(jax.jit(barrier(kind, cores=1))())
     np.testing.assert_array_equal(out, np.full(8, 1, np.int32))
+
+
+def ring_copy() -> Any:
+    """Each SparseCore sends its row to the next SparseCore's VMEM by name
+    (``async_remote_copy(..., device_id={"core": c + 1})``) and writes what it received."""
+    n = plsc.get_sparse_core_info().num_cores
+    mesh = plsc.VectorSubcoreMesh(
+        core_axis_name="core", subcore_axis_name="subcore", num_cores=n, num_subcores=1
+    )
+
+    def body(x_hbm: Any, o_hbm: Any, src: Any, dst: Any, send: Any, recv: Any) -> None:
+        c = jax.lax.axis_index("core")
+        pltpu.sync_copy(x_hbm.at[c], src)
+        pltpu.async_remote_copy(src, dst, send, recv, device_id={"core": (c + 1) % n}).wait()
+        pltpu.sync_copy(dst, o_hbm.at[c])
+
+    kernel = pl.kernel(
+        body,
+        mesh=mesh,
+        out_type=jax.ShapeDtypeStruct((n, LANES), jnp.int32),
+        scratch_types=[pltpu.VMEM((LANES,), jnp.int32)] * 2 + [pltpu.SemaphoreType.DMA] * 2,
+    )
+    return kernel, jax.ShapeDtypeStruct((n, LANES), jnp.int32)
+
+
+def test_a_dma_to_another_sparsecore_is_refused_by_name() -> None:
+    """From jax 0.12 Mosaic compiles it and the interpreter raised its own "Unrecognized axes
+    in device_id"; before, jax's lowering fails to verify it (the refusal says so) and the
+    simulator raised a MeshError saying the device has one core."""
+    with CompileTarget.for_chip("v5p", devices=1).activate():
+        kernel, x = ring_copy()
+        lowered = jax.jit(kernel).trace(x).lower
+        if jax_versions.at_least("0.12.0"):
+            lowered().compile()
+        else:
+            with pytest.raises(Exception, match=r"verif|DMA destination"):
+                lowered().compile()
+    with simulate("v5p", devices=1):
+        kernel, x = ring_copy()
+        with pytest.raises(NotSimulatedError) as err:
+            jax.jit(kernel)(jnp.zeros(x.shape, x.dtype))
+    said = " ".join(str(err.value).split())
+    assert "a dma_start addressed to another core" in said and err.value.chip == "v5p"
+    assert "device_id names 'core' (4)" in said and "test_sc_targets.py:" in said
+    assert ("from jax 0.12" in said) != jax_versions.at_least("0.12.0")

@@ -5,8 +5,10 @@ other, as the grid steps of one interpreter core (patch ``sparsecore_axes``). A 
 or DMA whose ``device_id`` names an axis of that mesh (``{"core": c}``, ``{"core": c,
 "subcore": s}``) addresses another grid step, which has no core of its own to deliver to: the
 interpreter raised a ``MeshError`` claiming the device has one core (for ``core``), or jax's
-own ``NotImplementedError`` (for two mesh axes). Mosaic compiles such kernels (v5p, libtpu
-0.0.52), so this is a gap of the simulator, refused by name before the kernel runs. An MPMD
+own ``NotImplementedError`` (for two mesh axes); a DMA, from jax 0.12 its ``ValueError:
+Unrecognized axes in device_id``. Mosaic compiles such kernels (v5p, libtpu 0.0.52; a DMA from
+jax 0.12, whose lowering is the first to pass its core), so this is a gap of the simulator,
+refused by name before the kernel runs. An MPMD
 kernel's bodies (:mod:`.mpmd`) run each SparseCore on its own thread and are not checked here;
 neither are kernels whose subcores run at once (:mod:`.subcore_barrier`).
 
@@ -37,38 +39,39 @@ _ADDRESSED = ("semaphore_signal", "dma_start")
 
 
 def _named(eqn: Any) -> Iterator[dict[Any, Any]]:
-    """The ``device_id`` dicts among ``eqn``'s arguments."""
-    from jax._src import tree_util
-
-    tree = eqn.params.get("args_tree")
-    if tree is None:
-        return
-    for arg in tree_util.tree_unflatten(tree, eqn.invars):
-        if isinstance(arg, dict):
-            yield arg
+    """The ``device_id`` dicts among ``eqn``'s arguments (none for other primitives)."""
+    if eqn.primitive.name in _ADDRESSED:
+        yield from (a for a in _arguments(eqn)[1] if isinstance(a, dict))
 
 
 def check(jaxpr: Any, mesh: Any) -> None:
     """Refuse a signal or DMA in ``jaxpr`` (a kernel over SparseCore ``mesh``, run one grid
     step after the other) whose ``device_id`` names an axis of ``mesh`` of more than one
     point."""
+    from coremesh.core import jax_versions
+
     shape = dict(mesh.shape)
     for eqn in all_eqns(jaxpr):
-        if eqn.primitive.name not in _ADDRESSED:
-            continue
         for device_id in _named(eqn):
             named = [a for a in device_id if a in shape and shape[a] > 1]
             if not named:
                 continue
             where = user_location(eqn.source_info)
             axes = ", ".join(f"{a!r} ({shape[a]})" for a in named)
+            dma = eqn.primitive.name == "dma_start"
+            compiles = (
+                "Mosaic compiles it"
+                if not dma or jax_versions.at_least("0.12.0")
+                else "Mosaic compiles such a DMA from jax 0.12 (this jax's lowering fails to "
+                "verify it)"
+            )
             raise NotSimulatedError(
                 f"a {eqn.primitive.name} addressed to another core of this SparseCore kernel's "
                 f"mesh (device_id names {axes}){f' at {where}' if where else ''} is not "
                 "simulated",
                 rule="the simulator runs the SparseCores and subcores of a one-mesh SparseCore "
                 "kernel one after the other on one thread, so a signal or DMA to another of "
-                "them has no core to land on; Mosaic compiles it",
+                f"them has no core to land on; {compiles}",
                 chip=current().name,
                 fix="check the kernel with the compile-only target (coremesh.testing.aot); an "
                 "MPMD kernel (pl.kernel with body=[...] and mesh=[...] and semaphores tied to a "
@@ -87,9 +90,7 @@ def own_axes_dropped(jaxpr: Any, mesh: Any) -> Any | None:
 
 
 def _names(eqn: Any, axes: set[Any]) -> bool:
-    if eqn.primitive.name not in _ADDRESSED:
-        return False
-    return any(isinstance(a, dict) and axes & set(a) for a in _arguments(eqn)[1])
+    return any(axes & set(device_id) for device_id in _named(eqn))
 
 
 def _arguments(eqn: Any) -> tuple[str, Any]:
