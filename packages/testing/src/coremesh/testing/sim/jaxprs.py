@@ -34,6 +34,29 @@ def sub_jaxprs(eqn: Any) -> list[Any]:
     return subs
 
 
+@functools.cache
+def _jaxpr_types() -> tuple[type, ...]:
+    from jax._src import core as jax_core
+
+    from coremesh.testing.sim import compat
+
+    closed = compat.closed_jaxpr_class()
+    return (jax_core.Jaxpr,) if closed is None else (jax_core.Jaxpr, closed)
+
+
+def is_jaxpr(value: Any) -> bool:
+    """Is ``value`` a ``Jaxpr``, or (jax 0.10) a ``ClosedJaxpr``?"""
+    return isinstance(value, _jaxpr_types())
+
+
+def map_jaxprs(value: Any, f: Callable[[Any], Any]) -> Any:
+    """``value`` (an equation's parameter) with each jaxpr in it, in tuples and lists too,
+    replaced by ``f(jaxpr)``: how a rewrite reaches a loop's body or a conditional's branches."""
+    if isinstance(value, tuple | list):
+        return type(value)(map_jaxprs(item, f) for item in value)
+    return f(value) if is_jaxpr(value) else value
+
+
 def lax_primitives() -> frozenset[Any]:
     """The value primitives of ``jax.lax`` (elementwise, slicing, reductions, sorts, scans,
     FFT, linear algebra): what a kernel body computes with, as opposed to Pallas' and state's

@@ -51,6 +51,7 @@ from jax.experimental import pallas as pl
 from coremesh.testing.sim import compat, inline
 from coremesh.testing.sim.chip import current
 from coremesh.testing.sim.errors import NotSimulatedError
+from coremesh.testing.sim.jaxprs import map_jaxprs
 
 #: The grid axis that picks the body.
 BODY_AXIS = "__coremesh_mpmd_body"
@@ -237,14 +238,8 @@ def _fix_level(jaxpr: Any, src: Any, plan: Plan) -> Any:
             new_vars[v] = v if aval is v.aval else type(v)(aval)
         return new_vars[v]
 
-    def param(p: Any) -> Any:
-        if isinstance(p, tuple | list):
-            return type(p)(param(item) for item in p)
-        if isinstance(p, jax_core.Jaxpr) or (
-            _ClosedJaxpr is not None and isinstance(p, _ClosedJaxpr)
-        ):
-            return _fix_level(p, src, plan)
-        return p
+    def nested(inner: Any) -> Any:
+        return _fix_level(inner, src, plan)
 
     eqns: list[Any] = []
     for eqn in jaxpr.eqns:
@@ -280,7 +275,7 @@ def _fix_level(jaxpr: Any, src: Any, plan: Plan) -> Any:
             eqn.replace(
                 invars=[var(v) for v in eqn.invars],
                 outvars=[var(v) for v in eqn.outvars],
-                params={k: param(p) for k, p in eqn.params.items()},
+                params={k: map_jaxprs(p, nested) for k, p in eqn.params.items()},
                 effects=_remap_effects(eqn.effects, var),
             )
         )
@@ -403,14 +398,8 @@ def _swap_placeholders(jaxpr: Any, bodies: Sequence[Any]) -> Any:
     if _ClosedJaxpr is not None and isinstance(jaxpr, _ClosedJaxpr):
         return jaxpr.replace(jaxpr=_swap_placeholders(jaxpr.jaxpr, bodies))
 
-    def param(p: Any) -> Any:
-        if isinstance(p, tuple | list):
-            return type(p)(param(item) for item in p)
-        if isinstance(p, jax_core.Jaxpr) or (
-            _ClosedJaxpr is not None and isinstance(p, _ClosedJaxpr)
-        ):
-            return _swap_placeholders(p, bodies)
-        return p
+    def nested(inner: Any) -> Any:
+        return _swap_placeholders(inner, bodies)
 
     eqns = []
     for eqn in jaxpr.eqns:
@@ -421,7 +410,7 @@ def _swap_placeholders(jaxpr: Any, bodies: Sequence[Any]) -> Any:
             new = old.replace(jaxpr=body) if _ClosedJaxpr is not None else body
             eqns.append(eqn.replace(params={**eqn.params, "jaxpr": new}))
             continue
-        eqns.append(eqn.replace(params={k: param(p) for k, p in eqn.params.items()}))
+        eqns.append(eqn.replace(params={k: map_jaxprs(p, nested) for k, p in eqn.params.items()}))
     return jaxpr.replace(eqns=eqns)
 
 

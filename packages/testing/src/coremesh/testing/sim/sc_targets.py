@@ -24,13 +24,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from jax._src import core as jax_core
-
 from coremesh.testing.sim import compat
 from coremesh.testing.sim.chip import current
 from coremesh.testing.sim.errors import NotSimulatedError
 from coremesh.testing.sim.faults import user_location
-from coremesh.testing.sim.jaxprs import all_eqns
+from coremesh.testing.sim.jaxprs import all_eqns, map_jaxprs
 
 _ClosedJaxpr = compat.closed_jaxpr_class()
 
@@ -112,18 +110,12 @@ def _dropped(jaxpr: Any, axes: set[Any]) -> Any:
     if _ClosedJaxpr is not None and isinstance(jaxpr, _ClosedJaxpr):
         return jaxpr.replace(jaxpr=_dropped(jaxpr.jaxpr, axes))
 
-    def param(p: Any) -> Any:
-        if isinstance(p, tuple | list):
-            return type(p)(param(item) for item in p)
-        if isinstance(p, jax_core.Jaxpr) or (
-            _ClosedJaxpr is not None and isinstance(p, _ClosedJaxpr)
-        ):
-            return _dropped(p, axes)
-        return p
+    def nested(inner: Any) -> Any:
+        return _dropped(inner, axes)
 
     eqns = []
     for old in jaxpr.eqns:
-        new = old.replace(params={k: param(v) for k, v in old.params.items()})
+        new = old.replace(params={k: map_jaxprs(v, nested) for k, v in old.params.items()})
         if _names(new, axes):
             key, args = _arguments(new)
             kept = type(args)(_without(a, axes) if isinstance(a, dict) else a for a in args)

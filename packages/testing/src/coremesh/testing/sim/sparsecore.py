@@ -101,7 +101,7 @@ from jax.experimental.pallas import tpu_sc as plsc
 from coremesh.core.errors import CoremeshError, UnsupportedOnChipError
 from coremesh.testing.sim import compat, inline, shadow
 from coremesh.testing.sim.errors import NotSimulatedError, SimulationFault, not_simulated
-from coremesh.testing.sim.jaxprs import sub_jaxprs
+from coremesh.testing.sim.jaxprs import map_jaxprs, sub_jaxprs
 
 _Rule = inline.Rule
 
@@ -1133,14 +1133,8 @@ def _swap_avals(jaxpr: Any, fix: Callable[[Any], Any]) -> Any:
             new_vars[v] = v if aval is v.aval else type(v)(aval)
         return new_vars[v]
 
-    def param(p: Any) -> Any:
-        if isinstance(p, tuple | list):
-            return type(p)(param(item) for item in p)
-        if isinstance(p, jax_core.Jaxpr) or (
-            _ClosedJaxpr is not None and isinstance(p, _ClosedJaxpr)
-        ):
-            return _swap_avals(p, fix)
-        return p
+    def nested(inner: Any) -> Any:
+        return _swap_avals(inner, fix)
 
     fields: dict[str, Any] = {
         "constvars": [var(v) for v in jaxpr.constvars],
@@ -1150,7 +1144,7 @@ def _swap_avals(jaxpr: Any, fix: Callable[[Any], Any]) -> Any:
         eqn.replace(
             invars=[var(v) for v in eqn.invars],
             outvars=[var(v) for v in eqn.outvars],
-            params={k: param(p) for k, p in eqn.params.items()},
+            params={k: map_jaxprs(p, nested) for k, p in eqn.params.items()},
         )
         for eqn in jaxpr.eqns
     ]
