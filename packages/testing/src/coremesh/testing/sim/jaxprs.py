@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -32,6 +32,29 @@ def sub_jaxprs(eqn: Any) -> list[Any]:
             if hasattr(sub, "eqns"):
                 subs.append(sub)
     return subs
+
+
+#: Primitives that take a ``device_id`` among their flattened arguments.
+ADDRESSED = ("semaphore_signal", "dma_start")
+
+
+def arguments(eqn: Any) -> tuple[str, Any]:
+    """The name of ``eqn``'s argument-tree parameter (``semaphore_signal``'s ``args_tree``,
+    ``dma_start``'s ``tree``) and its arguments unflattened; ``("", ())`` without one."""
+    from jax._src import tree_util
+
+    for key in ("args_tree", "tree"):
+        tree = eqn.params.get(key)
+        if tree is not None:
+            return key, tree_util.tree_unflatten(tree, eqn.invars)
+    return "", ()
+
+
+def device_ids(eqn: Any) -> Iterator[dict[Any, Any]]:
+    """The ``device_id`` dicts (named mesh axes) of a signal or DMA (none for other
+    equations)."""
+    if eqn.primitive.name in ADDRESSED:
+        yield from (a for a in arguments(eqn)[1] if isinstance(a, dict))
 
 
 @functools.cache

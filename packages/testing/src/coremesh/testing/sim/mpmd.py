@@ -361,7 +361,7 @@ def _subcores_signal(jaxprs: Sequence[Any], meshes: Sequence[Any]) -> str | None
     """The subcore axis of a vector-subcore mesh when a body of that mesh signals a semaphore
     of it naming that axis (a subcore signalling a subcore: JAX's cross-core barriers); the
     subcores must then run at once. None when no body does."""
-    from coremesh.testing.sim.jaxprs import all_eqns
+    from coremesh.testing.sim.jaxprs import all_eqns, device_ids
 
     for jaxpr, src in zip(jaxprs, meshes, strict=True):
         if len(src.shape) < 2:
@@ -373,8 +373,7 @@ def _subcores_signal(jaxprs: Sequence[Any], meshes: Sequence[Any]) -> str | None
             tied = _tied(eqn.invars[0].aval) if isinstance(eqn.invars[0], jax_core.Var) else None
             if tied is None or (tied.mesh is not src and tied.mesh != src):
                 continue
-            device_id = tree_util.tree_unflatten(eqn.params["args_tree"], eqn.invars)[3]
-            if isinstance(device_id, dict) and subcore in device_id and src.shape[subcore] > 1:
+            if src.shape[subcore] > 1 and any(subcore in d for d in device_ids(eqn)):
                 return str(subcore)
     return None
 

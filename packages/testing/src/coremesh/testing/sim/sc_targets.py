@@ -21,25 +21,15 @@ core's own semaphore, as Mosaic resolves it). From jax 0.12 the interpreter reso
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from coremesh.testing.sim import compat
 from coremesh.testing.sim.chip import current
 from coremesh.testing.sim.errors import NotSimulatedError
 from coremesh.testing.sim.faults import user_location
-from coremesh.testing.sim.jaxprs import all_eqns, map_jaxprs
+from coremesh.testing.sim.jaxprs import all_eqns, arguments, device_ids, map_jaxprs
 
 _ClosedJaxpr = compat.closed_jaxpr_class()
-
-#: Primitives that take a ``device_id`` among their flattened arguments.
-_ADDRESSED = ("semaphore_signal", "dma_start")
-
-
-def _named(eqn: Any) -> Iterator[dict[Any, Any]]:
-    """The ``device_id`` dicts among ``eqn``'s arguments (none for other primitives)."""
-    if eqn.primitive.name in _ADDRESSED:
-        yield from (a for a in _arguments(eqn)[1] if isinstance(a, dict))
 
 
 def check(jaxpr: Any, mesh: Any) -> None:
@@ -50,7 +40,7 @@ def check(jaxpr: Any, mesh: Any) -> None:
 
     shape = dict(mesh.shape)
     for eqn in all_eqns(jaxpr):
-        for device_id in _named(eqn):
+        for device_id in device_ids(eqn):
             named = [a for a in device_id if a in shape and shape[a] > 1]
             if not named:
                 continue
@@ -88,18 +78,7 @@ def own_axes_dropped(jaxpr: Any, mesh: Any) -> Any | None:
 
 
 def _names(eqn: Any, axes: set[Any]) -> bool:
-    return any(axes & set(device_id) for device_id in _named(eqn))
-
-
-def _arguments(eqn: Any) -> tuple[str, Any]:
-    """The name of ``eqn``'s argument-tree parameter and its arguments (unflattened)."""
-    from jax._src import tree_util
-
-    for key in ("args_tree", "tree"):  # semaphore_signal's, dma_start's
-        tree = eqn.params.get(key)
-        if tree is not None:
-            return key, tree_util.tree_unflatten(tree, eqn.invars)
-    return "", ()
+    return any(axes & set(device_id) for device_id in device_ids(eqn))
 
 
 def _dropped(jaxpr: Any, axes: set[Any]) -> Any:
@@ -117,7 +96,7 @@ def _dropped(jaxpr: Any, axes: set[Any]) -> Any:
     for old in jaxpr.eqns:
         new = old.replace(params={k: map_jaxprs(v, nested) for k, v in old.params.items()})
         if _names(new, axes):
-            key, args = _arguments(new)
+            key, args = arguments(new)
             kept = type(args)(_without(a, axes) if isinstance(a, dict) else a for a in args)
             leaves, tree = tree_util.tree_flatten(kept)
             new = new.replace(invars=leaves, params={**new.params, key: tree})
