@@ -15,15 +15,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import tpu_sc as plsc
 
-from coremesh.core import jax_versions
 from coremesh.testing.sim import NotSimulatedError, SimulationDeadlock, simulate
 
 pytestmark = pytest.mark.sim
 
 SUBCORES = 2
 LANES = 8
-#: From jax 0.11 a body's run_scoped (sync_copy's too) is refused by name (sim/mpmd.py).
-SCOPED_REFUSED = jax_versions.at_least("0.11.0")
 
 
 def meshes() -> tuple[Any, Any]:
@@ -140,8 +137,7 @@ def barrier_then_copy(
     """Every core and subcore of both meshes signals every one, then waits for all of them
     (JAX's test_mpmd_reduce_scatter's barrier with one vector subcore a core, its
     test_copy_with_cross_core_signaling's with more); after it each copies its SparseCore's
-    row of ``x`` to its own output (``copy``: a sync_copy, which from jax 0.11 is refused in a
-    body, :data:`SCOPED_REFUSED`)."""
+    row of ``x`` to its own output (``copy``: a sync_copy)."""
     cores = x.shape[0]
     vector = plsc.VectorSubcoreMesh(
         core_axis_name="core", subcore_axis_name="subcore", num_cores=cores, num_subcores=subcores
@@ -185,8 +181,6 @@ def test_the_cores_of_every_mesh_meet_at_a_barrier() -> None:
         cores = plsc.get_sparse_core_info().num_cores
         x = jnp.arange(cores * LANES, dtype=jnp.int32).reshape(cores, LANES) * 3 + 1
         jax.block_until_ready(jax.jit(lambda x: barrier_then_copy(x, copy=False))(x))
-        if SCOPED_REFUSED:
-            return
         o_v, o_s = jax.jit(barrier_then_copy)(x)
     np.testing.assert_array_equal(np.asarray(o_v), np.asarray(x))
     np.testing.assert_array_equal(np.asarray(o_s), np.asarray(x))
@@ -202,10 +196,9 @@ def test_subcores_that_signal_one_another_run_at_once() -> None:
         x = jnp.arange(cores * LANES, dtype=jnp.int32).reshape(cores, LANES) - 5
         barrier = jax.jit(lambda x: barrier_then_copy(x, copy=False, subcores=SUBCORES))
         jax.block_until_ready(barrier(x))
-        if not SCOPED_REFUSED:
-            o_v, o_s = jax.jit(lambda x: barrier_then_copy(x, subcores=SUBCORES))(x)
-            np.testing.assert_array_equal(np.asarray(o_v), np.asarray(x))
-            np.testing.assert_array_equal(np.asarray(o_s), np.asarray(x))
+        o_v, o_s = jax.jit(lambda x: barrier_then_copy(x, subcores=SUBCORES))(x)
+        np.testing.assert_array_equal(np.asarray(o_v), np.asarray(x))
+        np.testing.assert_array_equal(np.asarray(o_s), np.asarray(x))
         every = plsc.get_sparse_core_info().num_subcores
         with pytest.raises(NotSimulatedError, match=rf"{2 * cores * every} threads") as err:
             jax.jit(lambda x: barrier_then_copy(x, copy=False, subcores=every))(x)
@@ -220,7 +213,7 @@ def test_a_barrier_across_devices_runs_on_two_and_is_refused_on_four() -> None:
         spec = jax.P("device")
         f = jax.jit(
             jax.shard_map(
-                lambda xs: barrier_then_copy(xs[0], copy=not SCOPED_REFUSED)[1][None],
+                lambda xs: barrier_then_copy(xs[0])[1][None],
                 mesh=sim.mesh(),
                 in_specs=spec,
                 out_specs=spec,
@@ -233,8 +226,7 @@ def test_a_barrier_across_devices_runs_on_two_and_is_refused_on_four() -> None:
         cores = plsc.get_sparse_core_info().num_cores
         x = jnp.arange(2 * cores * LANES, dtype=jnp.int32).reshape(2, cores, LANES)
         y = np.asarray(sharded(sim, x))  # a deadlock if the cores took turns
-        if not SCOPED_REFUSED:
-            np.testing.assert_array_equal(y, np.asarray(x))
+        np.testing.assert_array_equal(y, np.asarray(x))
     with simulate("v5p", devices=4) as sim:
         x = jnp.zeros((4, cores, LANES), jnp.int32)
         with pytest.raises(NotSimulatedError, match=r"8 threads run on 4 device\(s\)") as err:
@@ -254,10 +246,6 @@ def test_stock_cannot_lower_an_mpmd_kernel() -> None:
 def test_bodies_share_their_operands_and_output() -> None:
     x = jnp.arange(LANES, dtype=jnp.int32) - 3
     with simulate("v5p", devices=1):
-        if SCOPED_REFUSED:
-            with pytest.raises(NotSimulatedError, match="run_scoped"):
-                jax.jit(halves)(x)
-            return
         out = np.asarray(jax.jit(halves)(x))
     want = np.asarray(x)
     np.testing.assert_array_equal(out, np.concatenate([3 * want, 4 * want]))
@@ -268,10 +256,6 @@ def test_bodies_run_at_once_and_address_each_core_semaphore() -> None:
         jax.block_until_ready(jax.jit(ping)())  # a deadlock if the bodies took turns
         cores = plsc.get_sparse_core_info().num_cores
         x = jnp.arange(cores * LANES, dtype=jnp.int32).reshape(cores, LANES) * 7
-        if SCOPED_REFUSED:
-            with pytest.raises(NotSimulatedError, match="run_scoped"):
-                jax.jit(handoff)(x)
-            return
         stage, out = jax.jit(handoff)(x)
         want = np.asarray(x)
         np.testing.assert_array_equal(np.asarray(stage), want)
@@ -310,20 +294,73 @@ def test_addressing_vector_subcores_needs_the_subcore_axis() -> None:
             jax.jit(k)()
 
 
-def test_vmem_shared_used_by_two_bodies_is_refused() -> None:
+def shared_stage(x: jax.Array) -> jax.Array:
+    """Each scalar subcore stages its SparseCore's row of ``x`` in the kernel's VMEM_SHARED
+    scratch and signals that core's vector subcores, which copy what they find there to their
+    own row of the output (JAX's test_mpmd_reduce_scatter hands data between its bodies so)."""
+    vector, scalar = meshes()
+
+    def on_vector(x_hbm: Any, out: Any, shared: Any, tec: Any) -> None:
+        del x_hbm
+        c, s = jax.lax.axis_index("core"), jax.lax.axis_index("subcore")
+        pl.semaphore_wait(tec, 1)
+
+        def body(buf: Any) -> None:
+            pltpu.sync_copy(shared, buf)
+            pltpu.sync_copy(buf, out.at[c, s])
+
+        pl.run_scoped(body, pltpu.VMEM((LANES,), x.dtype))
+
+    def on_scalar(x_hbm: Any, out: Any, shared: Any, tec: Any) -> None:
+        del out
+        c = jax.lax.axis_index("core")
+        pltpu.sync_copy(x_hbm.at[c], shared)
+        for s in range(SUBCORES):
+            pl.semaphore_signal(tec, 1, device_id={"core": c, "subcore": s})
+
+    out: jax.Array = pl.kernel(
+        body=[on_vector, on_scalar],
+        mesh=[vector, scalar],
+        out_type=jax.ShapeDtypeStruct((x.shape[0], SUBCORES, LANES), x.dtype),
+        scratch_types=[
+            pltpu.VMEM_SHARED((LANES,), x.dtype),
+            pltpu.SemaphoreType.REGULAR(()) @ vector,
+        ],
+    )(x)
+    return out
+
+
+def test_the_bodies_of_a_sparsecore_share_its_vmem_shared() -> None:
+    """Each SparseCore's vector subcores read what its scalar subcore wrote to VMEM_SHARED, and
+    no other SparseCore's (the interpreter keeps one per thread; a body's threads read
+    uninitialised memory then). libtpu compiles the kernel for v5p and TPU7x (checked
+    2026-12-06, jax 0.12.0.1)."""
+    with simulate("v5p", devices=1):
+        cores = plsc.get_sparse_core_info().num_cores
+        x = jnp.arange(cores * LANES, dtype=jnp.int32).reshape(cores, LANES) * 5 - 7
+        out = np.asarray(jax.jit(shared_stage)(x))
+    want = np.broadcast_to(np.asarray(x)[:, None], (cores, SUBCORES, LANES))
+    np.testing.assert_array_equal(out, want)
+
+
+def test_vmem_shared_allocated_in_a_body_is_refused() -> None:
     with simulate("v5p", devices=1):
         vector, scalar = meshes()
 
-        def both(x_hbm: Any, o_hbm: Any, shared: Any) -> None:
-            pltpu.sync_copy(x_hbm, shared)
+        def on_vector(x_hbm: Any, o_hbm: Any) -> None:
+            pl.run_scoped(
+                lambda buf: pltpu.sync_copy(x_hbm, buf), pltpu.VMEM_SHARED((LANES,), jnp.int32)
+            )
+
+        def on_scalar(x_hbm: Any, o_hbm: Any) -> None:
+            del x_hbm, o_hbm
 
         k = pl.kernel(
-            body=[both, both],
+            body=[on_vector, on_scalar],
             mesh=[vector, scalar],
             out_type=jax.ShapeDtypeStruct((LANES,), jnp.int32),
-            scratch_types=(pltpu.VMEM_SHARED((LANES,), jnp.int32),),
         )
-        with pytest.raises(NotSimulatedError, match="VMEM_SHARED"):
+        with pytest.raises(NotSimulatedError, match="VMEM_SHARED allocated in a body"):
             jax.jit(k)(jnp.zeros(LANES, jnp.int32))
 
 

@@ -18,18 +18,16 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import tpu_sc as plsc
 
-from coremesh.core import jax_compat, jax_versions
+from coremesh.core import jax_compat
 from coremesh.core.chips import get_chip
 from coremesh.core.errors import UnsupportedOnChipError
 from coremesh.testing.aot import versions
-from coremesh.testing.sim import NotSimulatedError, simulate
+from coremesh.testing.sim import simulate
 from coremesh.testing.sim.errors import KernelCapacityError
 
 pytestmark = pytest.mark.sim
 
 SUBCORES = 2
-#: From jax 0.11 the simulator refuses a body's run_scoped, sync_copy's too (sim/mpmd.py).
-SCOPED_REFUSED = jax_versions.at_least("0.11.0")
 #: libtpu's Mosaic with its layout passes on (libtpu 0.0.52, v5p and TPU7x): the SparseCore
 #: scan a cumsum lowers to is not supported by the infer-vector-layout pass.
 LAYOUT_WORDS = "Set needs_layout_passes=False"
@@ -109,10 +107,6 @@ def test_a_cumsum_in_the_vector_subcore_body_compiles_and_runs(chip: str) -> Non
     with simulate(chip, 1):
         info = plsc.get_sparse_core_info()
         x = np.arange(info.num_lanes, dtype=np.float32) * 1.5 - 4
-        if SCOPED_REFUSED:
-            with pytest.raises(NotSimulatedError, match="run_scoped"):
-                jax.jit(cumsum_kernel())(x)
-            return
         out = np.asarray(jax.jit(cumsum_kernel())(x))
     want = np.broadcast_to(np.cumsum(x), (info.num_cores, SUBCORES, info.num_lanes))
     np.testing.assert_allclose(out, want, rtol=1e-6)

@@ -72,6 +72,19 @@ def is_jaxpr(value: Any) -> bool:
     return isinstance(value, _jaxpr_types())
 
 
+def with_vars(jaxpr: Any, **changes: Any) -> Any:
+    """``jaxpr.replace(**changes)`` that keeps the values attached to its constvars. From jax
+    0.11 a ``Jaxpr`` carries them (``ClosedJaxpr`` merged into it) and a constvar is only an
+    input with a value attached: replacing ``constvars`` drops the values, so the constvars
+    become leading invars. A ``run_scoped`` body rewritten so then has its captured refs among
+    the refs it allocates, and the interpreter fails with "Cannot allocate HBM in
+    `run_scoped`"."""
+    consts = getattr(jaxpr, "consts", None)
+    if "constvars" in changes and consts and "consts" not in changes:
+        changes["consts"] = consts
+    return jaxpr.replace(**changes)
+
+
 def map_jaxprs(value: Any, f: Callable[[Any], Any]) -> Any:
     """``value`` (an equation's parameter) with each jaxpr in it, in tuples and lists too,
     replaced by ``f(jaxpr)``: how a rewrite reaches a loop's body or a conditional's branches."""

@@ -51,10 +51,14 @@ from jax.experimental import pallas as pl
 from coremesh.testing.sim import compat, inline
 from coremesh.testing.sim.chip import current
 from coremesh.testing.sim.errors import NotSimulatedError
-from coremesh.testing.sim.jaxprs import map_jaxprs
+from coremesh.testing.sim.jaxprs import map_jaxprs, with_vars
 
 #: The grid axis that picks the body.
 BODY_AXIS = "__coremesh_mpmd_body"
+
+#: The attribute on the interpreter's SharedMemory holding the running MPMD kernel's
+#: :func:`shared_vmem_cores` (empty for other kernels).
+_SHARED_VMEM = "_coremesh_mpmd_shared_vmem"
 
 _SEMAPHORE_PRIMITIVES = ("semaphore_signal", "semaphore_wait", "semaphore_read")
 _DMA_PRIMITIVES = ("dma_start", "dma_wait")
@@ -279,7 +283,8 @@ def _fix_level(jaxpr: Any, src: Any, plan: Plan) -> Any:
                 effects=_remap_effects(eqn.effects, var),
             )
         )
-    return jaxpr.replace(
+    return with_vars(
+        jaxpr,
         constvars=[var(v) for v in jaxpr.constvars],
         invars=[var(v) for v in jaxpr.invars],
         outvars=[var(v) for v in jaxpr.outvars],
@@ -297,40 +302,58 @@ def _used(jaxpr: Any) -> set[Any]:
     return used
 
 
-def _check_shared(jaxprs: Sequence[Any], n_operands: int) -> None:
-    """Scratch in VMEM_SHARED used by more than one body is refused: each interpreter core (a
-    body) has its own, where the chip's subcores share it."""
+def _shared_scratch(jaxprs: Sequence[Any], n_operands: int) -> bool:
+    """Does more than one body use a scratch ref in VMEM_SHARED?"""
     used = [_used(j) for j in jaxprs]
     for i in range(n_operands, len(jaxprs[0].invars)):
         space = getattr(jaxprs[0].invars[i].aval, "memory_space", None)
         if space is not tpu_core.MemorySpace.VMEM_SHARED:
             continue
-        users = sum(j.invars[i] in u for j, u in zip(jaxprs, used, strict=True))
-        if users > 1:
-            raise _refusal(
-                "VMEM_SHARED scratch used by more than one body",
-                "the simulator runs each body's cores on interpreter cores of their own, each "
-                "with its own VMEM_SHARED; on the chip the subcores of a SparseCore share it",
-            )
+        if sum(j.invars[i] in u for j, u in zip(jaxprs, used, strict=True)) > 1:
+            return True
+    return False
 
 
-def _check_scoped(jaxprs: Sequence[Any]) -> None:
-    """From jax 0.11 a body's ``run_scoped`` (``sync_copy`` makes one for its semaphore) fails
-    in the combined kernel: the interpreter allocates a captured HBM ref as a new buffer
-    ("Cannot allocate HBM in `run_scoped`", interpret_pallas_call.py run_scoped_p). Refused by
-    name there until that is understood; jax 0.10.2 runs such kernels."""
-    from coremesh.core import jax_versions
+def _check_scoped_shared(jaxprs: Sequence[Any]) -> None:
+    """VMEM_SHARED allocated in a body (``pl.run_scoped``, ``jax.empty_ref``) is refused: the
+    simulator shares the kernel's VMEM_SHARED scratch between the threads of a SparseCore
+    (:func:`shared_vmem_cores`), not what each body allocates for itself."""
     from coremesh.testing.sim.jaxprs import all_eqns
 
-    if not jax_versions.at_least("0.11.0"):
-        return
+    def shared(aval: Any) -> bool:
+        space = getattr(aval, "memory_space", None)
+        space = getattr(space, "memory_space", space)  # a mesh-tied space wraps one
+        return space is tpu_core.MemorySpace.VMEM_SHARED
+
     for jaxpr in jaxprs:
-        if any(eqn.primitive.name == "run_scoped" for eqn in all_eqns(jaxpr)):
-            raise _refusal(
-                "a run_scoped (or sync_copy) in a body, on jax 0.11 and later",
-                "the interpreter allocates a ref the scope captures as a new HBM buffer "
-                "('Cannot allocate HBM in `run_scoped`'); jax 0.10.2 runs such kernels",
+        for eqn in all_eqns(jaxpr):
+            allocated = (
+                eqn.params["jaxpr"].invars if eqn.primitive.name == "run_scoped" else eqn.outvars
             )
+            if any(shared(v.aval) for v in allocated):
+                raise _refusal(
+                    "VMEM_SHARED allocated in a body (pl.run_scoped or jax.empty_ref)",
+                    "the simulator shares the kernel's VMEM_SHARED scratch between the bodies "
+                    "and subcores of a SparseCore, not what a body allocates itself",
+                    fix="allocate it as the kernel's scratch (scratch_types=...), or " + _AOT,
+                )
+
+
+def shared_vmem_cores(plan: Plan) -> tuple[int, ...]:
+    """For each interpreter core of the kernel, the interpreter core whose VMEM_SHARED it
+    uses: the first one running the same SparseCore (its coordinate on the meshes' core axis).
+    So the bodies of a SparseCore, and the subcores of a body that run on threads, share it,
+    as the subcores of a SparseCore do on the chip; the interpreter keeps one per core. Empty
+    when the meshes share no core axis (each body's cores then take turns on one thread)."""
+    if not plan.parallel:
+        return ()
+    first: dict[int, int] = {}
+    out = list(range(plan.core_of.size))
+    for body in range(len(plan.meshes)):
+        for idx in np.ndindex(*plan.core_of.shape[1:]):
+            core = int(plan.core_of[(body, *idx)])
+            out[core] = first.setdefault(idx[0], core)  # the core axis leads the parallel ones
+    return tuple(out)
 
 
 def _super_axes(meshes: Sequence[Any], lead: tuple[str, ...] = ()) -> tuple[tuple[str, int], ...]:
@@ -413,13 +436,23 @@ def _swap_placeholders(jaxpr: Any, bodies: Sequence[Any]) -> Any:
     return jaxpr.replace(eqns=eqns)
 
 
-def combine(jaxprs: Sequence[Any], meshes: Sequence[Any], n_operands: int, plan: Plan) -> Any:
+def combine(
+    jaxprs: Sequence[Any], meshes: Sequence[Any], n_operands: int, plan: Plan, shared: bool
+) -> Any:
     """One kernel jaxpr: at grid point ``(body, *axes)`` the body's jaxpr, when the point lies
-    in its mesh."""
+    in its mesh. ``shared``: the interpreter will share VMEM_SHARED between the threads of a
+    SparseCore (:func:`shared_vmem_cores`)."""
     from jax._src.pallas import mpmd as upstream
 
-    _check_shared(jaxprs, n_operands)
-    _check_scoped(jaxprs)
+    _check_scoped_shared(jaxprs)
+    if not shared and _shared_scratch(jaxprs, n_operands):
+        raise _refusal(
+            "VMEM_SHARED scratch used by more than one body",
+            "the simulator shares it between the threads running one SparseCore when the "
+            "meshes share their core axis and the kernel's interpret parameters are the "
+            "simulator's; else each body's threads have their own",
+            fix="leave the kernel's interpret parameters to simulate(), or " + _AOT,
+        )
     fixed = []
     for jaxpr, mesh in zip(jaxprs, meshes, strict=True):
         with upstream.mpmd_map_tracing_context(mesh, tuple(meshes)):
@@ -541,7 +574,9 @@ def lower(ctx: Any, *in_nodes: Any, **params: Any) -> Any:
     compiler_params = params["compiler_params"] or tpu_core.CompilerParams()
     compiler_params = compiler_params.replace(dimension_semantics=semantics)
     plan = Plan(meshes, axes, parallel, _core_of(grid, compiler_params, 1 + len(parallel)))
-    jaxpr = combine(jaxprs, meshes, n_in + len(out_avals), plan)  # Mosaic's refusals first
+    interpret = params["interpret"]
+    table = shared_vmem_cores(plan) if hasattr(interpret, "shared_vmem_cores") else ()
+    jaxpr = combine(jaxprs, meshes, n_in + len(out_avals), plan, bool(table))  # Mosaic's 1st
     threads = plan.core_of.size  # one per point of the parallel axes
     _check_threads(threads)
 
@@ -574,8 +609,9 @@ def lower(ctx: Any, *in_nodes: Any, **params: Any) -> Any:
         [f"out{i}" for i in range(len(out_avals))],
         debug=params["debug"],
     )
-    interpret = params["interpret"]
     changes: dict[str, Any] = {"num_cores_or_threads": threads, "random_seed": None}
+    if table:
+        changes["shared_vmem_cores"] = table
     if hasattr(interpret, "fast_path_off"):
         changes["fast_path_off"] = "an MPMD kernel (its bodies' cores run on threads of their own)"
     interpret = dataclasses.replace(interpret, **changes)
@@ -609,4 +645,34 @@ def targets() -> list[tuple[Any, str, Any]]:
             return lower(ctx, *in_nodes, **params)
         return orig(ctx, *in_nodes, **params)
 
-    return [(upstream, "_mpmd_map_fallback_lowering", fallback_lowering)]
+    return [(upstream, "_mpmd_map_fallback_lowering", fallback_lowering), *_shared_vmem_targets()]
+
+
+def _shared_vmem_targets() -> list[tuple[Any, str, Any]]:
+    """The interpreter keys VMEM_SHARED per interpreter core, as it keys VMEM
+    (``_local_core_id_or_zero_if_hbm`` shares HBM only). For an MPMD kernel its accesses go to
+    the buffer of the core :func:`shared_vmem_cores` names, which every core allocated with the
+    kernel's scratch (the others' go unused); the table rides in the kernel's interpret
+    parameters to its shared memory."""
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    orig_init = ipc._initialize_shared_memory
+    orig_core = ipc._local_core_id_or_zero_if_hbm
+
+    def initialize_shared_memory(*args: Any, interpret_params: Any, **kw: Any) -> Any:
+        out = orig_init(*args, interpret_params=interpret_params, **kw)
+        table = getattr(interpret_params, "shared_vmem_cores", ())
+        ipc._get_shared_memory().__dict__[_SHARED_VMEM] = table
+        return out
+
+    def local_core_id_or_zero(local_core_id: int, memory_space: str) -> int:
+        if memory_space == "vmem_shared" and ipc._shared_memory is not None:
+            table = ipc._shared_memory.__dict__.get(_SHARED_VMEM)
+            if table:
+                return int(table[int(local_core_id)])
+        return int(orig_core(local_core_id, memory_space))
+
+    return [
+        (ipc, "_initialize_shared_memory", initialize_shared_memory),
+        (ipc, "_local_core_id_or_zero_if_hbm", local_core_id_or_zero),
+    ]
