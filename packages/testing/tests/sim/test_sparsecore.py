@@ -16,6 +16,7 @@ from jax.experimental.pallas import tpu_sc as plsc
 
 import coremesh.core as cc
 from coremesh.core import jax_versions
+from coremesh.testing.aot.topology import CompileTarget
 from coremesh.testing.sim import NotSimulatedError, SimulationFault, simulate
 
 pytestmark = pytest.mark.sim
@@ -414,6 +415,72 @@ def test_indexed_dma_with_a_count_known_at_run_time() -> None:
         want = np.asarray(table).copy()
         want[np.asarray(idx)[:count]] = np.asarray(table)[:count]
         np.testing.assert_array_equal(got, want)
+
+
+def filtered_dma(kind: str, ignored: int, rows: int) -> Any:
+    """One vector subcore's indexed DMA by ``plsc.Indices(idx, ignored_value=ignored)``: a
+    ``gather`` (async, with its wait) or ``gather_add`` of ``table[idx]`` into VMEM rows that
+    start as the table's first rows, or a ``scatter`` of those rows into a copy of the table."""
+
+    def kernel(t_hbm: Any, i_hbm: Any, o_hbm: Any, i_vmem: Any, buf: Any, sem: Any) -> None:
+        pltpu.sync_copy(i_hbm, i_vmem)
+        idx = plsc.Indices(i_vmem, ignored_value=ignored)
+        pltpu.sync_copy(t_hbm.at[pl.ds(0, rows)], buf)
+        if kind == "scatter":
+            pltpu.sync_copy(t_hbm, o_hbm)
+            pltpu.sync_copy(buf, o_hbm.at[idx])
+            return
+        if kind == "gather":
+            pltpu.async_copy(t_hbm.at[idx], buf, sem).wait()
+        else:
+            pltpu.sync_copy(t_hbm.at[idx], buf, add=True)
+        pltpu.sync_copy(buf, o_hbm)
+
+    def run(table: Any, idx: Any) -> Any:
+        out = table.shape if kind == "scatter" else (rows, table.shape[1])
+        mesh = plsc.VectorSubcoreMesh(
+            core_axis_name="core", subcore_axis_name="subcore", num_cores=1, num_subcores=1
+        )
+        return pl.kernel(
+            kernel,
+            out_type=jax.ShapeDtypeStruct(out, table.dtype),
+            mesh=mesh,
+            scratch_types=[
+                pltpu.VMEM((rows,), jnp.int32),
+                pltpu.VMEM((rows, table.shape[1]), table.dtype),
+                pltpu.SemaphoreType.DMA(()),
+            ],
+        )(table, idx)
+
+    return run
+
+
+@pytest.mark.parametrize("kind", ["gather", "gather_add", "scatter"])
+@pytest.mark.parametrize("ignored", [-1, 4])
+def test_indices_with_an_ignored_value_move_nothing_for_it(kind: str, ignored: int) -> None:
+    """JAX's test_gather_1d_with_filter, for rows and for the three kinds: an index equal to
+    the ignored value leaves its row as it was (in range or not), the others move as numpy
+    says, and the DMA's wait still ends. libtpu compiles each for v5p (Mosaic's
+    ``enqueue_indirect_dma`` with an ``offset_filter``); the simulator refused them before
+    2026-12-06."""
+    table = jnp.arange(32 * 128, dtype=jnp.int32).reshape(32, 128)
+    idx = jnp.asarray([31, ignored, 0, 17, ignored, 22, 3, 12], jnp.int32)
+    with CompileTarget.for_chip("v5p", devices=1).activate():
+        jax.jit(filtered_dma(kind, ignored, 8)).trace(
+            jax.ShapeDtypeStruct(table.shape, table.dtype), jax.ShapeDtypeStruct((8,), jnp.int32)
+        ).lower().compile()
+    with simulate(chip="v5p", devices=1) as sim:
+        got = np.asarray(sim.run(jax.jit(filtered_dma(kind, ignored, 8)), table, idx))
+    t, i = np.asarray(table), np.asarray(idx)
+    keep = i != ignored
+    if kind == "scatter":
+        want = t.copy()
+        want[i[keep]] = t[:8][keep]
+    else:
+        want = t[:8].copy()
+        picked = t[np.where(keep, i, 0)]
+        want = np.where(keep[:, None], picked + want if kind == "gather_add" else picked, want)
+    np.testing.assert_array_equal(got, want)
 
 
 Copy = Callable[[Any, Any, Any, Any], None]

@@ -49,9 +49,10 @@ never silently wrong.
   1-D or not in VMEM, both sides indexed, HBM to HBM) raises ``UnsupportedOnChipError`` with
   Mosaic's words. Only a 1-D index vector on the first dim of the indexed view, given last, is
   simulated; other forms are refused. A count known only at run time (``idx_ref.at[pl.ds(0,
-  n)]``) reads each index in its turn, and the wait waits row by row. The indices are read when
-  the DMA starts; hardware reads them as it runs, so overwriting them before the wait is a bug
-  the simulator does not see.
+  n)]``) reads each index in its turn, and the wait waits row by row. Filtered indices
+  (``plsc.Indices(idx_ref, ignored_value=v)``) skip the rows whose index is ``v``. The indices
+  are read when the DMA starts; hardware reads them as it runs, so overwriting them before the
+  wait is a bug the simulator does not see.
 * ``pl.select_ref(k, ...)`` as a DMA's source, destination or semaphore: a switch on ``k``
   (Mosaic's nested ``scf.if``: an index outside the first n-1 takes the last ref, as on the
   chip); a choice outside a DMA is refused.
@@ -645,11 +646,6 @@ def _index_vector(ref: Any) -> tuple[Any, Any] | None:
             "destination instead of the gathered view",
         )
     last = transforms[-1]
-    if isinstance(last.indices[0], plsc.Indices):
-        raise _not_simulated(
-            "an indexed DMA with plsc.Indices (indices with an ignored value)",
-            "only a plain vector of indices (table.at[idx_ref]) is simulated",
-        )
     fixed = (indexing.Slice, int)
     if (
         vectors != [len(transforms) - 1]
@@ -1050,34 +1046,57 @@ def _indexed_copy(
     """An indexed DMA as one row DMA per index, all on the DMA's semaphores. With a number of
     indices known only at run time (an index view ``idx_ref.at[pl.ds(0, n)]``), each index is
     read in its turn, as the rows are copied. ``more``: the DMA's other params, passed on to
-    each row (jax 0.12.1 adds ``_unsafe_no_write_effect``)."""
+    each row (jax 0.12.1 adds ``_unsafe_no_write_effect``).
+
+    An index equal to ``plsc.Indices``' ``ignored_value`` moves no data: the row of the VMEM
+    side is copied onto itself instead (never adding), so the DMA's semaphores still count the
+    whole DMA's bytes, as its wait expects, and its other rows are left as they were."""
     src, dst, dst_sem, src_sem, device_id = tree.unflatten(flat_args)
     indexed = _indexed_side(src, dst)
     assert indexed is not None  # _rule chose this rule for an indexed DMA
     view, indexer, gathers = indexed
-    index = indexer.indices[0]
+    index, ignored = indexer.indices[0], None
+    if isinstance(index, plsc.Indices):
+        index, ignored = index.values, index.ignored_value
     count = indexer.int_indexer_shape[0]
     what = "an indexed DMA " + ("source" if gathers else "destination")
+
+    def kept(row: Any) -> Any:
+        return None if ignored is None else row != ignored
+
     rows = None
     if isinstance(count, int):
         rows = index[...]
-        _checked(what, (view.shape[0],), [rows], None)
+        _checked(what, (view.shape[0],), [rows], kept(rows))
+
+    def start(s: Any, d: Any, adds: bool) -> None:
+        flat, t = tpu_primitives._dma_flatten(s, d, dst_sem, src_sem, device_id)
+        with jax.named_scope(_ROW_SCOPE):  # checked as the indexed DMA: _dma_refusal
+            tpu_primitives.dma_start_p.bind(
+                *flat, tree=t, device_id_type=device_id_type, priority=priority, add=adds, **more
+            )
 
     def one(k: Any, carry: Any) -> Any:
         if rows is not None:
             row = rows[k]
         else:
             row = _row_of(index, k)[...][0]
-            _checked(what, (view.shape[0],), [row[None]], None)
-        if gathers:
-            s, d = _row_view(view, indexer, row), _row_of(dst, k)
+            _checked(what, (view.shape[0],), [row[None]], kept(row[None]))
+        local = _row_of(dst, k) if gathers else _row_of(src, k)
+        if ignored is not None:
+            skip = row == ignored
+            pl.when(skip)(lambda: start(local, local, False))
+            row = jnp.where(skip, 0, row)
+        table = _row_view(view, indexer, row)
+        copy = (
+            functools.partial(start, table, local)
+            if gathers
+            else functools.partial(start, local, table)
+        )
+        if ignored is None:
+            copy(add)
         else:
-            s, d = _row_of(src, k), _row_view(view, indexer, row)
-        flat, t = tpu_primitives._dma_flatten(s, d, dst_sem, src_sem, device_id)
-        with jax.named_scope(_ROW_SCOPE):  # checked as the indexed DMA: _dma_refusal
-            tpu_primitives.dma_start_p.bind(
-                *flat, tree=t, device_id_type=device_id_type, priority=priority, add=add, **more
-            )
+            pl.when(jnp.logical_not(skip))(lambda: copy(add))
         return carry
 
     lax.fori_loop(jnp.int32(0), jnp.asarray(count, jnp.int32), one, 0)
