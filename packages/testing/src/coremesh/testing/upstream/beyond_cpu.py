@@ -67,6 +67,12 @@ TABLE: tuple[tuple[str, str], ...] = (
         f"{_HLO}: whether XLA:TPU keeps a side-effecting custom call",
     ),
     (
+        "tpu_sparsecore_pallas_test.py::*::test*sparsecore_availability_check",
+        f"{_HLO}: the Mosaic custom call of a kernel on a TPU with SparseCores (its other "
+        "branch expects jax's refusal to compile a kernel for a CPU outside interpret mode, "
+        "which is no simulated device's answer)",
+    ),
+    (
         "tpu_info_test.py::TpuInfoTest::test_get_tpu_info",
         "reads jax.devices()[0].device_kind, which names the host's CPU: a simulated device is "
         "a CPU device (get_tpu_info's answer for the simulated chip is checked by the file's "
