@@ -14,7 +14,6 @@ from jax.sharding import PartitionSpec as P
 
 import coremesh.core as cc
 import coremesh.sparsecore as sc
-from coremesh.core import jax_versions
 from coremesh.sparsecore.ops.bag import embedding_bag_reference
 from coremesh.sparsecore.ops.scatter import plan
 from coremesh.testing import simulate
@@ -122,11 +121,7 @@ def test_mpmd_kernel_runs_on_the_simulator() -> None:
             mesh=meshes,
         )
         x = jnp.arange(16, dtype=jnp.int32)
-        if jax_versions.at_least("0.11.0"):  # sync_copy's run_scoped: refused there (sim/mpmd.py)
-            with pytest.raises(cc.CoremeshError, match="run_scoped"):
-                jax.jit(k)(x)
-        else:
-            np.testing.assert_array_equal(np.asarray(jax.jit(k)(x)), np.asarray(x))
+        np.testing.assert_array_equal(np.asarray(jax.jit(k)(x)), np.asarray(x))
         with pytest.raises(cc.MeshError, match="2 bodies for 1 meshes"):
             sc.kernel([lambda *r: None] * 2, out_type=(), mesh=meshes[:1])
         with pytest.raises(cc.MeshError, match="same kind"):
