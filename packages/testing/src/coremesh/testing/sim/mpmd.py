@@ -302,12 +302,18 @@ def _used(jaxpr: Any) -> set[Any]:
     return used
 
 
+def _in_vmem_shared(aval: Any) -> bool:
+    """Is ``aval`` a ref in VMEM_SHARED (also tied to a mesh: ``VMEM_SHARED(...) @ mesh``)?"""
+    space = getattr(aval, "memory_space", None)
+    space = getattr(space, "memory_space", space)  # a mesh-tied space wraps one
+    return space is tpu_core.MemorySpace.VMEM_SHARED
+
+
 def _shared_scratch(jaxprs: Sequence[Any], n_operands: int) -> bool:
     """Does more than one body use a scratch ref in VMEM_SHARED?"""
     used = [_used(j) for j in jaxprs]
     for i in range(n_operands, len(jaxprs[0].invars)):
-        space = getattr(jaxprs[0].invars[i].aval, "memory_space", None)
-        if space is not tpu_core.MemorySpace.VMEM_SHARED:
+        if not _in_vmem_shared(jaxprs[0].invars[i].aval):
             continue
         if sum(j.invars[i] in u for j, u in zip(jaxprs, used, strict=True)) > 1:
             return True
@@ -320,17 +326,12 @@ def _check_scoped_shared(jaxprs: Sequence[Any]) -> None:
     (:func:`shared_vmem_cores`), not what each body allocates for itself."""
     from coremesh.testing.sim.jaxprs import all_eqns
 
-    def shared(aval: Any) -> bool:
-        space = getattr(aval, "memory_space", None)
-        space = getattr(space, "memory_space", space)  # a mesh-tied space wraps one
-        return space is tpu_core.MemorySpace.VMEM_SHARED
-
     for jaxpr in jaxprs:
         for eqn in all_eqns(jaxpr):
             allocated = (
                 eqn.params["jaxpr"].invars if eqn.primitive.name == "run_scoped" else eqn.outvars
             )
-            if any(shared(v.aval) for v in allocated):
+            if any(_in_vmem_shared(v.aval) for v in allocated):
                 raise _refusal(
                     "VMEM_SHARED allocated in a body (pl.run_scoped or jax.empty_ref)",
                     "the simulator shares the kernel's VMEM_SHARED scratch between the bodies "

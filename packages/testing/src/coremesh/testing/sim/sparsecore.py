@@ -1088,15 +1088,11 @@ def _indexed_copy(
             pl.when(skip)(lambda: start(local, local, False))
             row = jnp.where(skip, 0, row)
         table = _row_view(view, indexer, row)
-        copy = (
-            functools.partial(start, table, local)
-            if gathers
-            else functools.partial(start, local, table)
-        )
+        s, d = (table, local) if gathers else (local, table)
         if ignored is None:
-            copy(add)
+            start(s, d, add)
         else:
-            pl.when(jnp.logical_not(skip))(lambda: copy(add))
+            pl.when(jnp.logical_not(skip))(lambda: start(s, d, add))
         return carry
 
     lax.fori_loop(jnp.int32(0), jnp.asarray(count, jnp.int32), one, 0)
