@@ -15,6 +15,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import tpu_sc as plsc
 
+from coremesh.testing.aot.topology import CompileTarget
 from coremesh.testing.sim import NotSimulatedError, SimulationDeadlock, simulate
 
 pytestmark = pytest.mark.sim
@@ -333,8 +334,11 @@ def shared_stage(x: jax.Array) -> jax.Array:
 def test_the_bodies_of_a_sparsecore_share_its_vmem_shared() -> None:
     """Each SparseCore's vector subcores read what its scalar subcore wrote to VMEM_SHARED, and
     no other SparseCore's (the interpreter keeps one per thread; a body's threads read
-    uninitialised memory then). libtpu compiles the kernel for v5p and TPU7x (checked
-    2026-12-06, jax 0.12.0.1)."""
+    uninitialised memory then). libtpu compiles the kernel for v5p on every line."""
+    with CompileTarget.for_chip("v5p", devices=1).activate():
+        cores = plsc.get_sparse_core_info().num_cores
+        spec = jax.ShapeDtypeStruct((cores, LANES), jnp.int32)
+        jax.jit(shared_stage).trace(spec).lower().compile()
     with simulate("v5p", devices=1):
         cores = plsc.get_sparse_core_info().num_cores
         x = jnp.arange(cores * LANES, dtype=jnp.int32).reshape(cores, LANES) * 5 - 7
