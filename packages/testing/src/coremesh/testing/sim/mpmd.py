@@ -48,7 +48,7 @@ from jax._src.pallas.mosaic import core as tpu_core
 from jax._src.state import types as state_types
 from jax.experimental import pallas as pl
 
-from coremesh.testing.sim import compat, inline
+from coremesh.testing.sim import compat, inline, shared_vmem
 from coremesh.testing.sim.chip import current
 from coremesh.testing.sim.errors import NotSimulatedError
 from coremesh.testing.sim.jaxprs import map_jaxprs, with_vars
@@ -56,9 +56,6 @@ from coremesh.testing.sim.jaxprs import map_jaxprs, with_vars
 #: The grid axis that picks the body.
 BODY_AXIS = "__coremesh_mpmd_body"
 
-#: The attribute on the interpreter's SharedMemory holding the running MPMD kernel's
-#: :func:`shared_vmem_cores` (empty for other kernels).
-_SHARED_VMEM = "_coremesh_mpmd_shared_vmem"
 
 _SEMAPHORE_PRIMITIVES = ("semaphore_signal", "semaphore_wait", "semaphore_read")
 _DMA_PRIMITIVES = ("dma_start", "dma_wait")
@@ -576,7 +573,7 @@ def lower(ctx: Any, *in_nodes: Any, **params: Any) -> Any:
     compiler_params = compiler_params.replace(dimension_semantics=semantics)
     plan = Plan(meshes, axes, parallel, _core_of(grid, compiler_params, 1 + len(parallel)))
     interpret = params["interpret"]
-    table = shared_vmem_cores(plan) if hasattr(interpret, "shared_vmem_cores") else ()
+    table = shared_vmem.table_for(interpret, shared_vmem_cores(plan))
     jaxpr = combine(jaxprs, meshes, n_in + len(out_avals), plan, bool(table))  # Mosaic's 1st
     threads = plan.core_of.size  # one per point of the parallel axes
     _check_threads(threads)
@@ -610,9 +607,7 @@ def lower(ctx: Any, *in_nodes: Any, **params: Any) -> Any:
         [f"out{i}" for i in range(len(out_avals))],
         debug=params["debug"],
     )
-    changes: dict[str, Any] = {"num_cores_or_threads": threads, "random_seed": None}
-    if table:
-        changes["shared_vmem_cores"] = table
+    changes: dict[str, Any] = {"num_cores_or_threads": threads, "random_seed": None, **table}
     if hasattr(interpret, "fast_path_off"):
         changes["fast_path_off"] = "an MPMD kernel (its bodies' cores run on threads of their own)"
     interpret = dataclasses.replace(interpret, **changes)
@@ -646,34 +641,4 @@ def targets() -> list[tuple[Any, str, Any]]:
             return lower(ctx, *in_nodes, **params)
         return orig(ctx, *in_nodes, **params)
 
-    return [(upstream, "_mpmd_map_fallback_lowering", fallback_lowering), *_shared_vmem_targets()]
-
-
-def _shared_vmem_targets() -> list[tuple[Any, str, Any]]:
-    """The interpreter keys VMEM_SHARED per interpreter core, as it keys VMEM
-    (``_local_core_id_or_zero_if_hbm`` shares HBM only). For an MPMD kernel its accesses go to
-    the buffer of the core :func:`shared_vmem_cores` names, which every core allocated with the
-    kernel's scratch (the others' go unused); the table rides in the kernel's interpret
-    parameters to its shared memory."""
-    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
-
-    orig_init = ipc._initialize_shared_memory
-    orig_core = ipc._local_core_id_or_zero_if_hbm
-
-    def initialize_shared_memory(*args: Any, interpret_params: Any, **kw: Any) -> Any:
-        out = orig_init(*args, interpret_params=interpret_params, **kw)
-        table = getattr(interpret_params, "shared_vmem_cores", ())
-        ipc._get_shared_memory().__dict__[_SHARED_VMEM] = table
-        return out
-
-    def local_core_id_or_zero(local_core_id: int, memory_space: str) -> int:
-        if memory_space == "vmem_shared" and ipc._shared_memory is not None:
-            table = ipc._shared_memory.__dict__.get(_SHARED_VMEM)
-            if table:
-                return int(table[int(local_core_id)])
-        return int(orig_core(local_core_id, memory_space))
-
-    return [
-        (ipc, "_initialize_shared_memory", initialize_shared_memory),
-        (ipc, "_local_core_id_or_zero_if_hbm", local_core_id_or_zero),
-    ]
+    return [(upstream, "_mpmd_map_fallback_lowering", fallback_lowering), *shared_vmem.targets()]

@@ -80,7 +80,8 @@ class SimParams(InterpretParams):  # type: ignore[misc]
     fast_path_off: str = ""
     #: compile only kernels whose accesses, as run, outweigh compiling them (``"auto"``)
     fast_path_auto: bool = False
-    #: an MPMD kernel's interpreter core -> the one whose VMEM_SHARED it uses (``sim.mpmd``)
+    #: interpreter core -> the one whose VMEM_SHARED it uses (``sim.shared_vmem``; set for
+    #: kernels whose subcores or MPMD bodies run on threads)
     shared_vmem_cores: tuple[int, ...] = ()
     #: the fields a call's own ``InterpretParams`` set (such a call is interpreted)
     own_fields: frozenset[str] = frozenset()

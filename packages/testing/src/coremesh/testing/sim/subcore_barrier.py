@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from coremesh.testing.sim import shared_vmem
+
 #: ``fast_path_off`` of the interpret parameters of a kernel that runs this way: the
 #: shared-memory set-up reads it to share VMEM_SHARED and make the barrier semaphores.
 REASON = "a kernel with plsc.subcore_barrier (its subcores run on threads of their own)"
@@ -188,7 +190,9 @@ def prepare(
     layout = _thread_layout((subcores, cores), kw["compiler_params"])
     with _layout_lock:
         _subcore_of_thread[subcores] = layout
-    return _replace(interpret_params, num_cores_or_threads=subcores, random_seed=None)
+    # VMEM_SHARED is one buffer for the subcores (threads) of a device, keyed on core 0.
+    shared = shared_vmem.table_for(interpret_params, [0] * subcores)
+    return _replace(interpret_params, num_cores_or_threads=subcores, random_seed=None, **shared)
 
 
 def devices_that_fit(threads: int) -> int:
@@ -298,7 +302,6 @@ def targets() -> list[tuple[Any, str, Any]]:
 
     orig_interpret = ipc._interpret_jaxpr
     orig_init = ipc._initialize_shared_memory
-    orig_core = ipc._local_core_id_or_zero_if_hbm
     orig_allocate = ipc._allocate_buffer
     hbm = ipc.TPU_MEMORY_SPACE_IDXS[mosaic_core.MemorySpace.HBM]
     cache: dict[tuple[Any, ...], tuple[Any, Any] | None] = {}
@@ -334,12 +337,6 @@ def targets() -> list[tuple[Any, str, Any]]:
                 sm.guarantee_semaphore_with_fixed_id(BASE_ID + c)
         return out
 
-    def local_core_id_or_zero(local_core_id: int, memory_space: str) -> int:
-        # VMEM_SHARED is one buffer for the subcores (threads) of a device, keyed on core 0.
-        if memory_space == "vmem_shared" and _active(ipc._shared_memory):
-            return 0
-        return int(orig_core(local_core_id, memory_space))
-
     @functools.wraps(orig_allocate)
     def allocate_buffer(
         token: Any,
@@ -372,9 +369,8 @@ def targets() -> list[tuple[Any, str, Any]]:
 
     return [
         (ipc, "_interpret_jaxpr", interpret_jaxpr),
-        (ipc, "_initialize_shared_memory", initialize_shared_memory),
-        (ipc, "_local_core_id_or_zero_if_hbm", local_core_id_or_zero),
         (ipc, "_allocate_buffer", allocate_buffer),
+        *shared_vmem.targets(initialize=initialize_shared_memory),
     ]
 
 
