@@ -29,7 +29,7 @@ from jax import lax
 
 from coremesh.testing.sim import compiled, compiled_mesh
 from coremesh.testing.sim.grid_blocks import blocks_refusal, carries_taint
-from coremesh.testing.sim.jaxprs import all_eqns, memory_space
+from coremesh.testing.sim.jaxprs import all_eqns, is_semaphore, memory_space
 
 _HBM = ("any", "hbm")
 
@@ -83,11 +83,7 @@ def why_interpreted(kw: dict[str, Any], checked: bool, zero_fill: bool) -> str |
         return "a store to an input block (the pipeline may not fetch it again)"
     if any(k in written for k in range(n_scalars)) and _maps_read_scalars(gm):
         return "a store to a scalar prefetch operand an index map reads"
-    if (
-        checked
-        and zero_fill
-        and any(not compiled_mesh._is_semaphore(compiled_mesh._dtype(a)) for a in fresh)
-    ):
+    if checked and zero_fill and any(not is_semaphore(a) for a in fresh):
         return "uninitialized_memory='zero' with the uninitialized-read check on"
     return None
 

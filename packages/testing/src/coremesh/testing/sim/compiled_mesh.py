@@ -43,7 +43,7 @@ import numpy as np
 from jax import lax
 
 from coremesh.testing.sim import shadow
-from coremesh.testing.sim.jaxprs import all_eqns, memory_space, sub_jaxprs
+from coremesh.testing.sim.jaxprs import all_eqns, is_semaphore, memory_space, sub_jaxprs
 
 #: Why a compiled kernel's result was not trusted (bits of the flag the program computes).
 FLAG_REASONS = {
@@ -116,22 +116,13 @@ def why_interpreted(kw: dict[str, Any], checked: bool, zero_fill: bool) -> str |
             return reason
         if eqn.primitive.name == "run_scoped":
             fresh += [v.aval for v in eqn.params["jaxpr"].invars]
-    if checked and zero_fill and any(not _is_semaphore(_dtype(a)) for a in fresh):
+    if checked and zero_fill and any(not is_semaphore(_dtype(a)) for a in fresh):
         return "uninitialized_memory='zero' with the uninitialized-read check on"
     return None
 
 
 def _dtype(aval: Any) -> Any:
     return getattr(getattr(aval, "inner_aval", aval), "dtype", None)
-
-
-def _is_semaphore(dtype: Any) -> bool:
-    from jax._src.pallas import core as pallas_core
-
-    try:
-        return dtype is not None and bool(jnp.issubdtype(dtype, pallas_core.semaphore_dtype))
-    except TypeError:
-        return False
 
 
 def _is_dma_semaphore(dtype: Any) -> bool:
@@ -158,7 +149,7 @@ def _ref_reason(aval: Any) -> str | None:
     if space not in _MEMORY_SPACES:
         return f"a ref in {space} memory"
     dtype = _dtype(aval)
-    if _is_semaphore(dtype) and not _is_dma_semaphore(dtype):
+    if is_semaphore(dtype) and not _is_dma_semaphore(dtype):
         return "a regular or barrier semaphore (its signals cross cores: the interpreter's)"
     return None
 
@@ -384,7 +375,7 @@ class _State:
     def allocate(self, aval: Any, dma: Dma = (None, None), var: Any = None) -> _Ref:
         shape, dtype = tuple(aval.shape), _dtype(aval)
         ref = _Ref(next(self._keys), shape, *dma)
-        if _is_semaphore(dtype):
+        if is_semaphore(dtype):
             if var is not None:
                 self.sem_keys[var] = ref.key
             self.sems[ref.key] = _Sem.fresh(max(int(np.prod(shape)), 1), self.rank)

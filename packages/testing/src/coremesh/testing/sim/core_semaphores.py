@@ -20,14 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from coremesh.testing.sim import inline
-
-
-def _is_semaphore(aval: Any) -> bool:
-    import jax
-    from jax._src.pallas import core as pallas_core
-
-    dtype = getattr(aval, "dtype", None)
-    return dtype is not None and bool(jax.dtypes.issubdtype(dtype, pallas_core.semaphore_dtype))
+from coremesh.testing.sim.jaxprs import is_semaphore
 
 
 def per_core(jaxpr: Any, grid_mapping: Any) -> tuple[Any, Any] | None:
@@ -43,7 +36,7 @@ def per_core(jaxpr: Any, grid_mapping: Any) -> tuple[Any, Any] | None:
     if not n or steps is None or steps == 1:
         return None
     first = len(jaxpr.invars) - n
-    picked = [i for i in range(first, len(jaxpr.invars)) if _is_semaphore(jaxpr.invars[i].aval)]
+    picked = [i for i in range(first, len(jaxpr.invars)) if is_semaphore(jaxpr.invars[i].aval)]
     grid, names = tuple(gm.grid), tuple(gm.grid_names or ())
     if not picked or len(names) != len(grid):
         return None

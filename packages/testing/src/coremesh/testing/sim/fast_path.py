@@ -27,7 +27,7 @@ import numpy as np
 
 from coremesh.testing.sim import compiled, compiled_grid_dma, compiled_mesh
 from coremesh.testing.sim.grid_blocks import MEMORY_SPACES, blocks_refusal, carries_taint
-from coremesh.testing.sim.jaxprs import accesses, all_eqns, memory_space
+from coremesh.testing.sim.jaxprs import accesses, all_eqns, is_semaphore, memory_space
 
 COMPILED = "compiled"
 
@@ -141,7 +141,7 @@ def _cannot(kw: dict[str, Any], checked: bool, zero_fill: bool) -> str | None:
     scratch = inner.invars[first_in + len(gm.block_mappings) :]
     fresh = [v.aval for v in inner.invars[first_in + n_in :]]
     for aval in (v.aval for v in scratch):
-        if memory_space(aval) not in MEMORY_SPACES or _is_semaphore(_dtype(aval)):
+        if memory_space(aval) not in MEMORY_SPACES or is_semaphore(aval):
             return f"scratch of kind {aval} (semaphores and HBM scratch need the interpreter)"
     reason = _body(inner, inputs)
     if reason:
@@ -187,15 +187,6 @@ def _small(kw: dict[str, Any]) -> str | None:
     )
 
 
-def _is_semaphore(dtype: Any) -> bool:
-    from coremesh.testing.sim.operands import _is_semaphore as is_sem
-
-    try:
-        return dtype is not None and is_sem(dtype)
-    except TypeError:
-        return False
-
-
 def _scoped(jaxpr: Any) -> Iterable[Any]:
     return (e for e in all_eqns(jaxpr) if e.primitive.name == "run_scoped")
 
@@ -219,7 +210,7 @@ def _body(jaxpr: Any, inputs: list[Any]) -> str | None:
                     return f"a ref transform ({type(t).__name__})"
         if prim.name == "run_scoped":
             for v in eqn.params["jaxpr"].invars:
-                if memory_space(v.aval) not in MEMORY_SPACES or _is_semaphore(_dtype(v.aval)):
+                if memory_space(v.aval) not in MEMORY_SPACES or is_semaphore(v.aval):
                     return f"run_scoped of {v.aval} (semaphores and HBM scratch)"
     written = {
         e.input

@@ -162,6 +162,19 @@ _ACCESSES = frozenset(
 WHILE_TRIPS = 8
 
 
+def is_semaphore(aval_or_dtype: Any) -> bool:
+    """Is it (a ref's aval, an array's, or a dtype) of semaphores, of either kind?"""
+    import jax
+    from jax._src.pallas import core as pallas_core
+
+    inner = getattr(aval_or_dtype, "inner_aval", aval_or_dtype)
+    dtype = getattr(inner, "dtype", inner)
+    try:
+        return dtype is not None and bool(jax.dtypes.issubdtype(dtype, pallas_core.semaphore_dtype))
+    except TypeError:
+        return False
+
+
 def accesses(jaxpr: Any) -> tuple[int, int]:
     """(static, dynamic) counts of the memory accesses of ``jaxpr``: the equations as written,
     and as run (a ``scan`` counts ``length`` times, a ``while`` :data:`WHILE_TRIPS` times, a

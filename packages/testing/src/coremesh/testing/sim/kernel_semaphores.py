@@ -38,6 +38,7 @@ from typing import Any
 
 from coremesh.testing.sim import compat, inline
 from coremesh.testing.sim.errors import NotSimulatedError
+from coremesh.testing.sim.jaxprs import is_semaphore
 
 #: Wait values at and below ``BARRIER`` are the hand-off's: ``BARRIER`` waits for every device to
 #: get there, ``LAND`` lands the copies in flight on the semaphore, ``HANDOFF - h`` gives its count
@@ -62,14 +63,6 @@ def _new_handles(shape: tuple[int, ...]) -> Any:
     with _lock:
         out = np.array([next(_handles) % _MAX_HANDLES for _ in range(math.prod(shape))])
     return out.astype(np.int32).reshape(shape)
-
-
-def _is_semaphore(aval: Any) -> bool:
-    import jax
-    from jax._src.pallas import core as pallas_core
-
-    dtype = getattr(aval, "dtype", None)
-    return dtype is not None and bool(jax.dtypes.issubdtype(dtype, pallas_core.semaphore_dtype))
 
 
 def _not_simulated(what: str, chip: str) -> NotSimulatedError:
@@ -178,7 +171,7 @@ def _semaphores(jaxpr: Any, gm: Any, aliases: Sequence[tuple[int, int]]) -> list
     first = gm.num_index_operands
     n_in = gm.num_inputs
     blocks = jaxpr.invars[first : first + n_in + gm.num_outputs]
-    is_sem = [_is_semaphore(v.aval) for v in blocks]
+    is_sem = [is_semaphore(v.aval) for v in blocks]
     out_of = {k - first: first + n_in + o for k, o in aliases}
     sems = []
     paired = set()

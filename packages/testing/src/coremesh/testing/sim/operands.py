@@ -30,7 +30,7 @@ from coremesh.core.dtypes import (
     is_extended,
 )
 from coremesh.core.errors import UnsupportedOnChipError
-from coremesh.testing.sim.jaxprs import all_eqns
+from coremesh.testing.sim.jaxprs import all_eqns, is_semaphore
 
 
 def not_simulated_semaphores(chip: str) -> UnsupportedOnChipError:
@@ -56,13 +56,6 @@ def not_simulated_keys(chip: str) -> UnsupportedOnChipError:
         "jax.random.wrap_key_data, or check the kernel with the compile-only target "
         "(coremesh.testing.aot)",
     )
-
-
-def _is_semaphore(dtype: Any) -> bool:
-    import jax
-    from jax._src.pallas import core as pallas_core
-
-    return bool(jax.dtypes.issubdtype(dtype, pallas_core.semaphore_dtype))
 
 
 def stripped_memory_space(space_name: str) -> tuple[Any, str, Any]:
@@ -96,7 +89,7 @@ def check_call(values: Sequence[Any], jaxpr: Any, chip: str, *, sparsecore: bool
         if dtype is None:
             continue
         if is_extended(dtype):
-            raise (not_simulated_semaphores if _is_semaphore(dtype) else not_simulated_keys)(chip)
+            raise (not_simulated_semaphores if is_semaphore(dtype) else not_simulated_keys)(chip)
         if str(dtype) != "bool":
             check_dtype(dtype, chip)
     if jaxpr is not None and not jax_versions.at_least(BOOL_OPERANDS_SINCE):
