@@ -16,6 +16,9 @@
   (:class:`coremesh.testing.hardware.HardwareRun`, the simulator's API) instead, so the same tests
   run their kernels on the chip; a test asking for a slice the VM is not is skipped with the
   reason. Tests that call ``simulate()`` themselves always get the simulator.
+* Memory mappings: XLA:CPU holds each compiled program in mappings of its own, and past
+  ``vm.max_map_count`` of them it crashes as it compiles; between tests the plugin drops jax's
+  and the simulator's compiled programs when more than half are held.
 * Hang protection: the simulator turns deadlocks into errors after ``deadline`` seconds (the
   fixture uses 10 s); tests default to pytest-timeout's limit; code that can hang for reasons
   the simulator does not watch (stock jax) runs through ``run_isolated``.
@@ -84,6 +87,19 @@ def pytest_runtest_setup() -> Any:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call() -> Any:
     return (yield from _skip_other_slices())
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown() -> Any:
+    """After each test, compiled programs are dropped if they hold more than half the memory
+    mappings a process may (:mod:`coremesh.testing.sim.host_mappings`)."""
+    try:
+        return (yield)
+    finally:
+        if "jax" in sys.modules:
+            from coremesh.testing.sim import host_mappings
+
+            host_mappings.relieve()
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -776,6 +776,10 @@ class _CompileCache:
         self._lock = threading.Lock()
         self._entries: collections.OrderedDict[Any, tuple[Any, Any]] = collections.OrderedDict()
 
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
     def __call__(self, jaxpr: Any, consts: Any, *args: Any) -> None:
         flat = jax.tree.leaves((consts, args))
         key = (id(jaxpr), tuple((np.shape(a), str(getattr(a, "dtype", None))) for a in flat))
@@ -824,6 +828,11 @@ def _run_jaxpr(jaxpr: Any, consts: Any, *args: Any) -> None:
 
 
 _compile_cache = _CompileCache()
+
+
+def clear_compiled_core_programs() -> None:
+    """Drop every compiled core program (``sim.host_mappings``: each holds memory mappings)."""
+    _compile_cache.clear()
 
 
 def _subcore_barrier_targets() -> list[tuple[Any, str, Any]]:

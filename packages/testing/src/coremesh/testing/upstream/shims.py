@@ -33,6 +33,11 @@ from coremesh.testing.upstream.needs import Needs, needs_for
 MODES = ("sim", "stock")
 
 
+#: Past this share of the memory mappings a process may hold, even with its compiled programs
+#: dropped, a test process stops after its test and the file goes on in a new one.
+RECYCLE_MAPPINGS_SHARE = 0.75
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("coremesh-upstream", "JAX's own tests on a simulated chip")
     group.addoption("--upstream-mode", choices=MODES, default="sim", help="sim or stock")
@@ -223,7 +228,24 @@ def pytest_runtest_makereport(
         seconds = time.perf_counter() - state.started.pop(nodeid, time.perf_counter())
         state.write("result", nodeid=nodeid, status=status, message=message, seconds=seconds)
         _recycle_if_large(item, state.recycle_bytes)
+        _relieve_mappings(item)
     return report
+
+
+def _relieve_mappings(item: pytest.Item) -> None:
+    """Drop compiled programs when the process holds more than half the memory mappings a
+    process may (``sim.host_mappings``: past the limit XLA:CPU crashes as it compiles), and stop
+    the session after this test if it still holds more than three quarters: the runner starts
+    a new process for the tests left."""
+    from coremesh.testing.sim import host_mappings
+
+    host_mappings.relieve()
+    if host_mappings.over(RECYCLE_MAPPINGS_SHARE):
+        item.session.shouldstop = (
+            f"coremesh: this test process holds {host_mappings.count()} memory mappings, over "
+            f"{RECYCLE_MAPPINGS_SHARE:.0%} of the {host_mappings.limit()} a process may; the "
+            "runner goes on in a new one"
+        )
 
 
 def _recycle_if_large(item: pytest.Item, limit: int | None) -> None:
