@@ -5,10 +5,11 @@ Linux process may hold at most ``vm.max_map_count`` of them (65,530 unless the m
 it). Past that, XLA:CPU's compiler does not fail: the process dies of a segmentation fault
 inside ``backend_compile_and_load``. jax keeps what it compiles in its caches for the life of
 the process, and the simulator compiles a program per core beside the caller's own, so a long
-run of tests reaches the limit: JAX's six padded-matmul pipeline tests (200 Hypothesis
-examples each, every one other shapes) grew a test process by about 6,000 mappings a minute and
-crashed it in the fifth test at the limit (measured 2026-12-07, jax 0.12.0.1), and the
-XLA:CPU crashes of long splash-attention processes were the same.
+run of tests reaches the limit. Measured 2026-12-07 on jax 0.12.0.1: JAX's six padded-matmul
+pipeline tests (200 Hypothesis examples each, every one other shapes) crashed their test
+process in the fifth test; run again, the process grew by about 6,000 mappings a minute, to
+57,647 after three tests; and a plain jax process (no coremesh) holding 64,000 mappings died of
+a segmentation fault compiling small jitted functions at 65,482.
 
 :func:`relieve` drops jax's caches and the simulator's compiled core programs when the process
 holds more than a share of the limit: programs are compiled again when next needed, and a
