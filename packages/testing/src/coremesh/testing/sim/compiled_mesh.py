@@ -116,7 +116,7 @@ def why_interpreted(kw: dict[str, Any], checked: bool, zero_fill: bool) -> str |
             return reason
         if eqn.primitive.name == "run_scoped":
             fresh += [v.aval for v in eqn.params["jaxpr"].invars]
-    if checked and zero_fill and any(not is_semaphore(_dtype(a)) for a in fresh):
+    if checked and zero_fill and any(not is_semaphore(a) for a in fresh):
         return "uninitialized_memory='zero' with the uninitialized-read check on"
     return None
 

@@ -573,8 +573,8 @@ def lower(ctx: Any, *in_nodes: Any, **params: Any) -> Any:
     compiler_params = compiler_params.replace(dimension_semantics=semantics)
     plan = Plan(meshes, axes, parallel, _core_of(grid, compiler_params, 1 + len(parallel)))
     interpret = params["interpret"]
-    table = shared_vmem.table_for(interpret, shared_vmem_cores(plan))
-    jaxpr = combine(jaxprs, meshes, n_in + len(out_avals), plan, bool(table))  # Mosaic's 1st
+    shared = shared_vmem.table_for(interpret, shared_vmem_cores(plan))
+    jaxpr = combine(jaxprs, meshes, n_in + len(out_avals), plan, bool(shared))  # Mosaic's 1st
     threads = plan.core_of.size  # one per point of the parallel axes
     _check_threads(threads)
 
@@ -607,7 +607,7 @@ def lower(ctx: Any, *in_nodes: Any, **params: Any) -> Any:
         [f"out{i}" for i in range(len(out_avals))],
         debug=params["debug"],
     )
-    changes: dict[str, Any] = {"num_cores_or_threads": threads, "random_seed": None, **table}
+    changes: dict[str, Any] = {"num_cores_or_threads": threads, "random_seed": None, **shared}
     if hasattr(interpret, "fast_path_off"):
         changes["fast_path_off"] = "an MPMD kernel (its bodies' cores run on threads of their own)"
     interpret = dataclasses.replace(interpret, **changes)
