@@ -43,7 +43,13 @@ import numpy as np
 from jax import lax
 
 from coremesh.testing.sim import shadow
-from coremesh.testing.sim.jaxprs import all_eqns, is_semaphore, memory_space, sub_jaxprs
+from coremesh.testing.sim.jaxprs import (
+    all_eqns,
+    is_dma_semaphore,
+    is_semaphore,
+    memory_space,
+    sub_jaxprs,
+)
 
 #: Why a compiled kernel's result was not trusted (bits of the flag the program computes).
 FLAG_REASONS = {
@@ -125,15 +131,6 @@ def _dtype(aval: Any) -> Any:
     return getattr(getattr(aval, "inner_aval", aval), "dtype", None)
 
 
-def _is_dma_semaphore(dtype: Any) -> bool:
-    from jax._src.pallas.mosaic import core as mosaic_core
-
-    try:
-        return bool(jnp.issubdtype(dtype, mosaic_core.dma_semaphore))
-    except TypeError:
-        return False
-
-
 def _is_ref(v: Any) -> bool:
     from jax._src.state import types as state_types
 
@@ -149,7 +146,7 @@ def _ref_reason(aval: Any) -> str | None:
     if space not in _MEMORY_SPACES:
         return f"a ref in {space} memory"
     dtype = _dtype(aval)
-    if is_semaphore(dtype) and not _is_dma_semaphore(dtype):
+    if is_semaphore(dtype) and not is_dma_semaphore(dtype):
         return "a regular or barrier semaphore (its signals cross cores: the interpreter's)"
     return None
 

@@ -175,6 +175,19 @@ def is_semaphore(aval_or_dtype: Any) -> bool:
         return False
 
 
+def is_dma_semaphore(aval_or_dtype: Any) -> bool:
+    """Is it (a ref's aval, an array's, or a dtype) of DMA semaphores?"""
+    import jax
+    from jax._src.pallas.mosaic import core as mosaic_core
+
+    inner = getattr(aval_or_dtype, "inner_aval", aval_or_dtype)
+    dtype = getattr(inner, "dtype", inner)
+    try:
+        return dtype is not None and bool(jax.dtypes.issubdtype(dtype, mosaic_core.dma_semaphore))
+    except TypeError:
+        return False
+
+
 def accesses(jaxpr: Any) -> tuple[int, int]:
     """(static, dynamic) counts of the memory accesses of ``jaxpr``: the equations as written,
     and as run (a ``scan`` counts ``length`` times, a ``while`` :data:`WHILE_TRIPS` times, a
