@@ -19,12 +19,12 @@ Every measurement runs in a fresh subprocess with a timeout (this script re-run 
   beside them, drawn in ``costs-jax<version>.png``.
 - **memory**: peak host RSS (``ru_maxrss``) of ``add_one`` on a (2048, 1024) float32 operand
   (8 MiB) over the process's own baseline after importing jax and building the input, as a
-  multiple of the operand, on the compiled fast path: the first call (tracing and compiling
-  included; what those take alone is a (64, 1024) operand's first call), and the operand's own
-  cost, that peak less the small operand's (target: at most 3x).
+  multiple of the operand, on the compiled fast path and interpreted: the first call (tracing
+  and compiling included; what those take alone is a (64, 1024) operand's first call), and the
+  operand's own cost, that peak less the small operand's (target: at most 3x).
 
     python benchmarks/bench_costs.py [--out bench-results/] [--quick] [--sizes 256,512]
-        [--matmul-sizes 256,512] [--reps 3] [--timeout 300]
+        [--matmul-sizes 256,512] [--reps 3] [--timeout 300] [--memory-only]
 
 Writes ``costs-jax<version>.md``, ``.json`` and ``.png`` to ``--out``.
 """
@@ -44,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+import tracemalloc
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -250,9 +251,10 @@ def child_memory(spec: dict[str, Any]) -> None:
 
     import coremesh.testing as ct
 
-    # The compiled fast path for every operand: under the default ("auto") the small operand's
-    # add_one is interpreted, and its run would not be the large one's tracing and compiling.
-    with ct.simulate(CHIP, 1, fast_path=True) as sim:
+    # One path for every operand (spec["fast_path"]): under the default ("auto") the small
+    # operand's add_one is interpreted, and its run would not be the large one's tracing and
+    # compiling.
+    with ct.simulate(CHIP, 1, fast_path=spec["fast_path"]) as sim:
         program = add_one(*spec["shape"])
         mesh = sim.mesh()
         fn = program.build(mesh)
@@ -265,12 +267,20 @@ def child_memory(spec: dict[str, Any]) -> None:
         y = jax.block_until_ready(fn(x))
         peak = _peak_rss()
         ok = bool(np.array_equal(np.asarray(y), np.asarray(x) + 1))
+        del y
+        # The host arrays (numpy's allocations) of a warm call at its peak: not RSS, which the
+        # allocator's reuse makes noisy, but the simulator's own copies, counted exactly.
+        tracemalloc.start()
+        jax.block_until_ready(fn(x))
+        arrays = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
     _report(
         result=True,
         operand_bytes=operand,
         baseline_bytes=peak_before if resident is None else resident,
         peak_before_bytes=peak_before,
         peak_bytes=peak,
+        warm_array_bytes=arrays,
         correct=ok,
     )
 
@@ -453,7 +463,6 @@ def _ms(s: float | None) -> str:
 
 
 def markdown(report: dict[str, Any]) -> list[str]:
-    from _report import fmt
 
     lines = [
         f"# Simulator costs (jax {report['jax']}, {report['machine']}, {report['when']})",
@@ -461,6 +470,16 @@ def markdown(report: dict[str, Any]) -> list[str]:
         f"One simulated {CHIP} device (2 TensorCores); warm = the fastest of {report['reps']} "
         "calls after the first (jax.numpy: of at least 5), which the other load on a shared "
         "machine disturbs least; each row is its own process. Still noisy.",
+    ]
+    if report["costs"]:  # none with --memory-only
+        lines += _timing_lines(report)
+    return lines + _memory_lines(report)
+
+
+def _timing_lines(report: dict[str, Any]) -> list[str]:
+    from _report import fmt
+
+    lines = [
         "",
         "## Per-operation costs",
         "",
@@ -522,11 +541,53 @@ def markdown(report: dict[str, Any]) -> list[str]:
             )
             + ".",
         ]
-    m = report["memory"]
-    lines += ["", "## Host memory", ""]
-    if m["status"] != "ok":
-        lines.append(f"- {m['status'].upper()}: {m['detail']}")
+    return lines
+
+
+def _memory_lines(report: dict[str, Any]) -> list[str]:
+    lines = ["", "## Host memory", ""]
+    ok = [m for m in report["memory"] if m["status"] == "ok"]
+    for m in report["memory"]:
+        if m["status"] != "ok":
+            lines.append(f"- {_path(m['fast_path'])}: {m['status'].upper()}: {m['detail']}")
+    if not ok:
         return lines
+    mib = ok[0]["operand_bytes"] / 2**20
+    lines += [
+        f"add_one on a {MEMORY_SHAPE[0]}x{MEMORY_SHAPE[1]} float32 operand ({mib:g} MiB), one "
+        "call in a fresh process per row: peak RSS (`ru_maxrss`) over the baseline, the RSS "
+        "after importing jax and building the input, as a multiple of the operand. Tracing "
+        f"and compiling: the same over a {SMALL_SHAPE[0]}x{SMALL_SHAPE[1]} operand. Per "
+        f"operand byte: the growth from this operand to a {LARGE_SHAPE[0]}x{LARGE_SHAPE[1]} "
+        "one over the bytes added.",
+        "",
+        "| path | peak RSS over the baseline | of which tracing and compiling | the operand "
+        "(peak less compiling) | host bytes per further operand byte | host arrays at a warm "
+        "call's peak (`tracemalloc`) | result correct |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for m in ok:
+        compile_cell = (
+            m["small"]["status"]
+            if m["compile_bytes"] is None
+            else f"{m['compile_bytes'] / 2**20:.1f} MiB ({m['compile_bytes'] / 2**20 / mib:.1f}x)"
+        )
+        per_byte = "-" if m["per_operand_byte"] is None else f"{m['per_operand_byte']:.2f}"
+        own = m.get("operand_multiple")
+        lines.append(
+            f"| {_path(m['fast_path'])} | {m['multiple']:.2f}x ({m['multiple'] * mib:.0f} MiB) "
+            f"| {compile_cell} | {'-' if own is None else f'{own:.2f}x'} | {per_byte} "
+            f"| {m['warm_array_bytes'] / m['operand_bytes']:.2f}x | {m['correct']} |"
+        )
+    lines.append("")
+    for m in ok:
+        own = m.get("operand_multiple")
+        verdict = "PASS" if own is not None and own <= MEMORY_TARGET else "FAIL"
+        lines.append(
+            f"- {verdict} ({_path(m['fast_path'])}): the operand costs at most "
+            f"{MEMORY_TARGET:g}x its size in host RSS: " + ("-" if own is None else f"{own:.2f}x")
+        )
+    return lines
     mib = m["operand_bytes"] / 2**20
     own = m.get("operand_multiple")
     verdict = "PASS" if own is not None and own <= MEMORY_TARGET else "FAIL"
@@ -601,6 +662,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--matmul-sizes", help="matmul sizes n (n x n x n), comma-separated")
     p.add_argument("--reps", type=int, default=3, help="warm calls per run")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per process")
+    p.add_argument("--memory-only", action="store_true", help="the host memory runs only")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args, _ = p.parse_known_args(argv)  # nox passes its posargs to every benchmark
     if args.child:
@@ -618,7 +680,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = [("add_one", n, fast) for n in add_sizes for fast in (False, True)]
     cases += [("matmul", n, fast) for n in mm_sizes for fast in (False, True)]
     runs: dict[tuple[str, int, bool], dict[str, Any]] = {}
-    todo = list(dict.fromkeys([*cost_cases, *cases]))
+    todo = [] if args.memory_only else list(dict.fromkeys([*cost_cases, *cases]))
     started = time.monotonic()
     for i, (kernel, n, fast) in enumerate(todo, 1):
         print(
@@ -632,10 +694,19 @@ def main(argv: list[str] | None = None) -> int:
         r = runs[kernel, n, fast]
         done = f"{min(r['times']):.3f} s warm" if r["status"] == "ok" else ""
         print(f"    {r['status']} {done or r.get('detail', '')}", file=sys.stderr, flush=True)
-    memory = {}
-    for key, shape in (("operand", MEMORY_SHAPE), ("small", SMALL_SHAPE), ("large", LARGE_SHAPE)):
-        print(f"[memory] add_one {shape}", file=sys.stderr, flush=True)
-        memory[key] = run_child({"what": "memory", "shape": list(shape)}, args.timeout)
+    memory: dict[bool, dict[str, dict[str, Any]]] = {True: {}, False: {}}
+    for fast, key, shape in (
+        (fast, key, shape)
+        for fast in (True, False)
+        for key, shape in (
+            ("operand", MEMORY_SHAPE),
+            ("small", SMALL_SHAPE),
+            ("large", LARGE_SHAPE),
+        )
+    ):
+        print(f"[memory] add_one {shape} {_path(fast)}", file=sys.stderr, flush=True)
+        spec = {"what": "memory", "shape": list(shape), "fast_path": fast}
+        memory[fast][key] = run_child(spec, args.timeout)
 
     report: dict[str, Any] = {
         "jax": jax.__version__,
@@ -644,9 +715,12 @@ def main(argv: list[str] | None = None) -> int:
         "when": time.strftime("%Y-%m-%d %H:%M"),
         "chip": CHIP,
         "reps": args.reps,
-        "costs": [cost_row(k, n, f, runs[k, n, f]) for k, n, f in cost_cases],
-        "scaling": [scaling_row(k, n, f, runs[k, n, f]) for k, n, f in cases],
-        "memory": memory_row(memory["operand"], memory["small"], memory["large"]),
+        "costs": [cost_row(k, n, f, runs[k, n, f]) for k, n, f in cost_cases if runs],
+        "scaling": [scaling_row(k, n, f, runs[k, n, f]) for k, n, f in cases if runs],
+        "memory": [
+            {**memory_row(m["operand"], m["small"], m["large"]), "fast_path": fast}
+            for fast, m in memory.items()
+        ],
     }
     report["fits"] = fits(report["scaling"])
     from _report import publish
