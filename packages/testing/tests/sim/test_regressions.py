@@ -129,6 +129,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "sparsecore_primitives",
         "subcore_barrier",  # test_subcore_barrier.py
         "fetch_and_add",  # test_fetch_and_add.py
+        "semaphore_read",  # test_semaphore_read.py
         "mpmd_kernels",  # test_mpmd.py
         "out_memory_kinds",
         "host_memory_space",

@@ -1151,6 +1151,12 @@ def _regular_dma_targets() -> list[tuple[Any, str, Any]]:
     return regular_dma.targets()
 
 
+def _semaphore_read_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import semaphore_read
+
+    return semaphore_read.targets()
+
+
 def _fetch_and_add_targets() -> list[tuple[Any, str, Any]]:
     from coremesh.testing.sim import fetch_and_add
 
@@ -1521,6 +1527,13 @@ PATCHES: tuple[Patch, ...] = (
         "ref's buffer id and fails), and the subcores of a kernel without a barrier share one "
         "interpreter core, so another subcore's SMEM does not exist apart",
         _fetch_and_add_targets,
+    ),
+    Patch(
+        "semaphore_read",
+        "pl.semaphore_read has no interpreter rule in any jax release (0.10.2 to 0.12.0.1: the "
+        "fallback at the end of _interpret_jaxpr binds it on the semaphore's id, which XLA:CPU "
+        "cannot lower)",
+        _semaphore_read_targets,
     ),
     Patch(
         "custom_vjp_callbacks",
