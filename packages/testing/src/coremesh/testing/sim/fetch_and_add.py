@@ -10,12 +10,8 @@ one with ``plsc.subcore_barrier`` does (:mod:`.subcore_barrier`): one interprete
 per subcore, each with its own SMEM.
 
 Simulated so: at each jaxpr level, each ``fetch_and_add`` becomes ``coremesh_fetch_and_add``,
-which is registered as an interpreter impl. The interpreter's loop traces an impl and hands its
-jaxpr back to ``_interpret_jaxpr`` with the token as it stands at that equation; this patch's
-wrapper answers that jaxpr with one host callback on that token, so the add is ordered after
-the subcore's loads, stores and barriers before it and before those after it. (A callback on a
-token of its own, as :mod:`.hardware_prng` makes, is not: XLA:CPU ran the adds before the
-other subcores' stores that the barrier had ordered first.) The callback, under the
+answered by one host callback on the subcore's token where it stands (:mod:`.host_primitives`),
+ordered after the subcore's loads, stores and barriers before it. The callback, under the
 interpreter's shared-memory lock (which its loads and stores take too), reads the scalar at the
 indices in the SMEM buffer with the same id on the interpreter core that runs subcore ``s`` (the
 cores allocate buffers in the same order, so the ids agree, as the addresses do on the chip),
@@ -35,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from coremesh.testing.sim.jaxprs import PerJaxpr
+from coremesh.testing.sim import host_primitives
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -58,12 +54,6 @@ def _primitive() -> Any:
     prim = jax_core.Primitive("coremesh_fetch_and_add")
     prim.def_abstract_eval(lambda *args, site: jax_core.ShapedArray((), jnp.int32))
     return prim
-
-
-def _impl(*args: Any, site: _Site) -> Any:
-    """The interpreter impl: the same primitive, on the interpreter's values (the ref's buffer
-    id in place of the ref)."""
-    return _primitive().bind(*args, site=site)
 
 
 def _fault(what: str, rule: str, fix: str, source_info: Any, position: dict[str, int]) -> Any:
@@ -167,22 +157,8 @@ def _add(
     return token, np.int32(old)
 
 
-def _rewrite(jaxpr: Any) -> Any:
-    """``jaxpr`` (this level) with each ``fetch_and_add`` the patch's own primitive, or None."""
-    from jax._src.pallas.mosaic import sc_primitives as scp
-
-    if not any(eqn.primitive is scp.fetch_and_add_p for eqn in jaxpr.eqns):
-        return None
-    eqns = [
-        eqn.replace(
-            primitive=_primitive(),
-            params={"site": _Site(tuple(eqn.invars[0].aval.shape), eqn.source_info)},
-        )
-        if eqn.primitive is scp.fetch_and_add_p
-        else eqn
-        for eqn in jaxpr.eqns
-    ]
-    return jaxpr.replace(eqns=eqns)
+def _params(eqn: Any) -> dict[str, Any]:
+    return {"site": _Site(tuple(eqn.invars[0].aval.shape), eqn.source_info)}
 
 
 def _answer(jaxpr: Any, args: Sequence[Any], ctx: Any, token: Any) -> Any:
@@ -191,14 +167,11 @@ def _answer(jaxpr: Any, args: Sequence[Any], ctx: Any, token: Any) -> Any:
     stores and barriers before it, and before those after it."""
     import jax
     import jax.numpy as jnp
-    from jax._src import core as jax_core
     from jax.experimental import io_callback
 
     from coremesh.testing.sim import subcore_barrier
 
     (eqn,) = jaxpr.eqns
-    env = dict(zip([*jaxpr.constvars, *jaxpr.invars], args, strict=True))
-    operands = [v.val if isinstance(v, jax_core.Literal) else env[v] for v in eqn.invars]
     host = functools.partial(
         _add,
         site=eqn.params["site"],
@@ -206,7 +179,12 @@ def _answer(jaxpr: Any, args: Sequence[Any], ctx: Any, token: Any) -> Any:
     )
     scalar = jax.ShapeDtypeStruct((), jnp.int32)
     token, old = io_callback(
-        host, (scalar, scalar), token, ctx.device_id, ctx.local_core_id, *operands
+        host,
+        (scalar, scalar),
+        token,
+        ctx.device_id,
+        ctx.local_core_id,
+        *host_primitives.operands(jaxpr, args),
     )
     return token, [old]
 
@@ -215,25 +193,16 @@ def targets() -> list[tuple[Any, str, Any]]:
     """The interpreter's per-level jaxpr evaluation (kernels run on subcore threads only: the
     others keep fetch_and_add, which patch sparsecore_primitives refuses), and its table of
     impls."""
-    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+    from jax._src.pallas.mosaic import sc_primitives as scp
 
     from coremesh.testing.sim import subcore_barrier
 
-    orig = ipc._interpret_jaxpr
-    rewritten = PerJaxpr(_rewrite)
-    impls = {**ipc._interpret_impls, _primitive(): _impl}
+    def on_subcore_threads(ctx: Any) -> bool:
+        return bool(getattr(ctx.interpret_params, "fast_path_off", "") == subcore_barrier.REASON)
 
-    def interpret_jaxpr(jaxpr: Any, *args: Any, ctx: Any, token: Any) -> Any:
-        if getattr(ctx.interpret_params, "fast_path_off", "") != subcore_barrier.REASON:
-            return orig(jaxpr, *args, ctx=ctx, token=token)
-        open_jaxpr = getattr(jaxpr, "jaxpr", jaxpr)  # jax 0.12 passes an impl's ClosedJaxpr
-        eqns = open_jaxpr.eqns
-        if len(eqns) == 1 and eqns[0].primitive is _primitive():
-            return _answer(open_jaxpr, args, ctx, token)
-        done = rewritten(jaxpr)
-        return orig(jaxpr if done is None else done, *args, ctx=ctx, token=token)
-
-    return [(ipc, "_interpret_jaxpr", interpret_jaxpr), (ipc, "_interpret_impls", impls)]
+    return host_primitives.targets(
+        scp.fetch_and_add_p, _primitive(), _params, _answer, on_subcore_threads
+    )
 
 
 __all__: Sequence[str] = ("targets",)

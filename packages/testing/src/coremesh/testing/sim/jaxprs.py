@@ -162,30 +162,30 @@ _ACCESSES = frozenset(
 WHILE_TRIPS = 8
 
 
-def is_semaphore(aval_or_dtype: Any) -> bool:
-    """Is it (a ref's aval, an array's, or a dtype) of semaphores, of either kind?"""
+def _of_dtype(aval_or_dtype: Any, base: Any) -> bool:
+    """Is ``aval_or_dtype`` (a ref's aval, an array's, or a dtype) of ``base`` or a subtype?"""
     import jax
-    from jax._src.pallas import core as pallas_core
 
     inner = getattr(aval_or_dtype, "inner_aval", aval_or_dtype)
     dtype = getattr(inner, "dtype", inner)
     try:
-        return dtype is not None and bool(jax.dtypes.issubdtype(dtype, pallas_core.semaphore_dtype))
+        return dtype is not None and bool(jax.dtypes.issubdtype(dtype, base))
     except TypeError:
         return False
+
+
+def is_semaphore(aval_or_dtype: Any) -> bool:
+    """Is it (a ref's aval, an array's, or a dtype) of semaphores, of either kind?"""
+    from jax._src.pallas import core as pallas_core
+
+    return _of_dtype(aval_or_dtype, pallas_core.semaphore_dtype)
 
 
 def is_dma_semaphore(aval_or_dtype: Any) -> bool:
     """Is it (a ref's aval, an array's, or a dtype) of DMA semaphores?"""
-    import jax
     from jax._src.pallas.mosaic import core as mosaic_core
 
-    inner = getattr(aval_or_dtype, "inner_aval", aval_or_dtype)
-    dtype = getattr(inner, "dtype", inner)
-    try:
-        return dtype is not None and bool(jax.dtypes.issubdtype(dtype, mosaic_core.dma_semaphore))
-    except TypeError:
-        return False
+    return _of_dtype(aval_or_dtype, mosaic_core.dma_semaphore)
 
 
 def accesses(jaxpr: Any) -> tuple[int, int]:

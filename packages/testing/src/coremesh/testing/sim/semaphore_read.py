@@ -5,10 +5,9 @@ rule for it: its fallback binds the primitive on the semaphore's id and XLA:CPU 
 lowering, so a kernel that reads a semaphore could not run (JAX's ``test_can_read_semaphore``
 and ``test_can_read_dma_semaphore``).
 
-Simulated so, as :mod:`.fetch_and_add` runs its primitive: at each jaxpr level each
-``semaphore_read`` becomes ``coremesh_semaphore_read``, an interpreter impl whose jaxpr the
-patch's wrapper answers with one host callback on the interpreter's token where the equation
-stands (ordered after the core's signals and waits before it). The callback returns the count
+Simulated so: at each jaxpr level each ``semaphore_read`` becomes ``coremesh_semaphore_read``,
+answered by one host callback on the core's token where it stands (:mod:`.host_primitives`),
+ordered after the core's signals and waits before it. The callback returns the count
 the semaphore holds for the reading core. A REGULAR semaphore's count is exact on the chip and
 here (another core's signal lands whenever it lands, on both).
 
@@ -28,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from coremesh.testing.sim.jaxprs import PerJaxpr, is_dma_semaphore
+from coremesh.testing.sim import host_primitives
+from coremesh.testing.sim.jaxprs import is_dma_semaphore
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -51,31 +51,11 @@ def _primitive() -> Any:
     return prim
 
 
-def _impl(*args: Any, site: _Site, args_tree: Any) -> Any:
-    """The interpreter impl: the same primitive, on the interpreter's values (the semaphore's
-    ids in place of the ref)."""
-    return _primitive().bind(*args, site=site, args_tree=args_tree)
-
-
-def _rewrite(jaxpr: Any) -> Any:
-    """``jaxpr`` (this level) with each ``semaphore_read`` the patch's own primitive, or None."""
-    from jax._src.pallas import primitives
-
-    if not any(eqn.primitive is primitives.semaphore_read_p for eqn in jaxpr.eqns):
-        return None
-    eqns = [
-        eqn.replace(
-            primitive=_primitive(),
-            params={
-                "site": _Site(is_dma_semaphore(eqn.invars[0].aval), eqn.source_info),
-                "args_tree": eqn.params["args_tree"],
-            },
-        )
-        if eqn.primitive is primitives.semaphore_read_p
-        else eqn
-        for eqn in jaxpr.eqns
-    ]
-    return jaxpr.replace(eqns=eqns)
+def _params(eqn: Any) -> dict[str, Any]:
+    return {
+        "site": _Site(is_dma_semaphore(eqn.invars[0].aval), eqn.source_info),
+        "args_tree": eqn.params["args_tree"],
+    }
 
 
 def _read(token: Any, device: Any, core: Any, sem_id: Any, *, site: _Site) -> tuple[Any, Any]:
@@ -109,13 +89,11 @@ def _answer(jaxpr: Any, args: Sequence[Any], ctx: Any, token: Any) -> Any:
     """Run the impl's jaxpr (one ``coremesh_semaphore_read``) as a host callback on ``token``."""
     import jax
     import jax.numpy as jnp
-    from jax._src import core as jax_core
     from jax._src.state import discharge as state_discharge
     from jax.experimental import io_callback
 
     (eqn,) = jaxpr.eqns
-    env = dict(zip([*jaxpr.constvars, *jaxpr.invars], args, strict=True))
-    operands = [v.val if isinstance(v, jax_core.Literal) else env[v] for v in eqn.invars]
+    operands = host_primitives.operands(jaxpr, args)
     sem, transforms = jax.tree.unflatten(eqn.params["args_tree"], operands)
     sem_id = state_discharge.transform_array(sem, transforms)
     scalar = jax.ShapeDtypeStruct((), jnp.int32)
@@ -132,21 +110,9 @@ def _answer(jaxpr: Any, args: Sequence[Any], ctx: Any, token: Any) -> Any:
 
 def targets() -> list[tuple[Any, str, Any]]:
     """The interpreter's per-level jaxpr evaluation and its table of impls."""
-    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+    from jax._src.pallas import primitives
 
-    orig = ipc._interpret_jaxpr
-    rewritten = PerJaxpr(_rewrite)
-    impls = {**ipc._interpret_impls, _primitive(): _impl}
-
-    def interpret_jaxpr(jaxpr: Any, *args: Any, ctx: Any, token: Any) -> Any:
-        open_jaxpr = getattr(jaxpr, "jaxpr", jaxpr)  # jax 0.12 passes an impl's ClosedJaxpr
-        eqns = open_jaxpr.eqns
-        if len(eqns) == 1 and eqns[0].primitive is _primitive():
-            return _answer(open_jaxpr, args, ctx, token)
-        done = rewritten(jaxpr)
-        return orig(jaxpr if done is None else done, *args, ctx=ctx, token=token)
-
-    return [(ipc, "_interpret_jaxpr", interpret_jaxpr), (ipc, "_interpret_impls", impls)]
+    return host_primitives.targets(primitives.semaphore_read_p, _primitive(), _params, _answer)
 
 
 __all__: Sequence[str] = ("targets",)
