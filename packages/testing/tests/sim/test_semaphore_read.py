@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import tpu_sc as plsc
 
 from coremesh.core import jax_compat
 from coremesh.testing.sim import NotSimulatedError, SimulationFault, simulate
@@ -127,6 +128,35 @@ def test_each_core_reads_its_own_count(fast_path: bool) -> None:
         )
         y = jax.jit(run)(jnp.asarray(xs))
     np.testing.assert_array_equal(np.asarray(y), xs + np.array([3, 4])[:, None, None])
+
+
+def test_each_vector_subcore_reads_its_own_count() -> None:
+    """The 16 vector subcores of a SparseCore run as grid steps of one interpreter core, each
+    with its own scratch semaphore: subcore s signals 5 + s and reads 5 + s."""
+
+    def body(o_hbm: Any, sem: Any, buf: Any) -> None:
+        s = jax.lax.axis_index("subcore")
+        pl.semaphore_signal(sem, s + 5)
+        count = pl.semaphore_read(sem)
+        pl.semaphore_wait(sem, s + 5)
+        buf[...] = jnp.full(buf.shape, count, jnp.int32)
+        pltpu.sync_copy(buf, o_hbm.at[s])
+
+    with simulate("v5p", devices=1):
+        mesh = plsc.VectorSubcoreMesh(
+            core_axis_name="core", subcore_axis_name="subcore", num_cores=1
+        )
+        n, lanes = mesh.num_subcores, pltpu.get_tpu_info().sparse_core.num_lanes
+        run = pl.kernel(
+            body,
+            out_type=jax.ShapeDtypeStruct((n, lanes), jnp.int32),
+            mesh=mesh,
+            scratch_types=[pltpu.SemaphoreType.REGULAR(()), pltpu.VMEM((lanes,), jnp.int32)],
+        )
+        y = jax.jit(run)()
+    np.testing.assert_array_equal(
+        np.asarray(y), np.broadcast_to((5 + np.arange(n))[:, None], (n, lanes))
+    )
 
 
 def test_stock_has_no_rule_for_semaphore_read() -> None:
