@@ -588,37 +588,6 @@ def _memory_lines(report: dict[str, Any]) -> list[str]:
             f"{MEMORY_TARGET:g}x its size in host RSS: " + ("-" if own is None else f"{own:.2f}x")
         )
     return lines
-    mib = m["operand_bytes"] / 2**20
-    own = m.get("operand_multiple")
-    verdict = "PASS" if own is not None and own <= MEMORY_TARGET else "FAIL"
-    compile_cell = (
-        m["small"]["status"]
-        if m["compile_bytes"] is None
-        else f"{m['compile_bytes'] / 2**20:.1f} MiB ({m['compile_bytes'] / 2**20 / mib:.1f}x)"
-    )
-    per_byte = "-" if m["per_operand_byte"] is None else f"{m['per_operand_byte']:.2f}"
-    lines += [
-        f"add_one on a {MEMORY_SHAPE[0]}x{MEMORY_SHAPE[1]} float32 operand ({mib:g} MiB), one "
-        f"call in a fresh process: peak RSS (`ru_maxrss`) over the baseline, the RSS after "
-        f"importing jax and building the input ({m['baseline_bytes'] / 2**20:.0f} MiB; the "
-        f"peak until then, {m['peak_before_bytes'] / 2**20:.0f} MiB, held import-time "
-        f"transients), as a multiple of the operand; result correct: {m['correct']}. Tracing "
-        "and compiling: the same over a "
-        f"{SMALL_SHAPE[0]}x{SMALL_SHAPE[1]} operand. Per operand byte: the growth from this "
-        f"operand to a {LARGE_SHAPE[0]}x{LARGE_SHAPE[1]} one over the bytes added.",
-        "",
-        "| peak RSS over the baseline | of which tracing and compiling | host bytes per "
-        "further operand byte | target |",
-        "|---|---|---|---|",
-        f"| {m['multiple']:.2f}x ({m['multiple'] * mib:.0f} MiB) | {compile_cell} "
-        f"| {per_byte} | <= {MEMORY_TARGET:g}x |",
-        "",
-        f"- {verdict}: the operand costs at most {MEMORY_TARGET:g}x its size in host RSS: "
-        + ("-" if own is None else f"{own:.2f}x")
-        + f" (the peak less tracing and compiling; {per_byte} per further operand byte; "
-        f"the whole peak, compiling included, {m['multiple']:.2f}x)",
-    ]
-    return lines
 
 
 def chart(rows: list[dict[str, Any]], path: Path) -> bool:
