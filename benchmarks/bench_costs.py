@@ -463,7 +463,6 @@ def _ms(s: float | None) -> str:
 
 
 def markdown(report: dict[str, Any]) -> list[str]:
-
     lines = [
         f"# Simulator costs (jax {report['jax']}, {report['machine']}, {report['when']})",
         "",
@@ -664,18 +663,12 @@ def main(argv: list[str] | None = None) -> int:
         done = f"{min(r['times']):.3f} s warm" if r["status"] == "ok" else ""
         print(f"    {r['status']} {done or r.get('detail', '')}", file=sys.stderr, flush=True)
     memory: dict[bool, dict[str, dict[str, Any]]] = {True: {}, False: {}}
-    for fast, key, shape in (
-        (fast, key, shape)
-        for fast in (True, False)
-        for key, shape in (
-            ("operand", MEMORY_SHAPE),
-            ("small", SMALL_SHAPE),
-            ("large", LARGE_SHAPE),
-        )
-    ):
-        print(f"[memory] add_one {shape} {_path(fast)}", file=sys.stderr, flush=True)
-        spec = {"what": "memory", "shape": list(shape), "fast_path": fast}
-        memory[fast][key] = run_child(spec, args.timeout)
+    shapes = (("operand", MEMORY_SHAPE), ("small", SMALL_SHAPE), ("large", LARGE_SHAPE))
+    for fast in (True, False):
+        for key, shape in shapes:
+            print(f"[memory] add_one {shape} {_path(fast)}", file=sys.stderr, flush=True)
+            spec = {"what": "memory", "shape": list(shape), "fast_path": fast}
+            memory[fast][key] = run_child(spec, args.timeout)
 
     report: dict[str, Any] = {
         "jax": jax.__version__,

@@ -145,8 +145,7 @@ def _ref_reason(aval: Any) -> str | None:
     space = memory_space(aval)
     if space not in _MEMORY_SPACES:
         return f"a ref in {space} memory"
-    dtype = _dtype(aval)
-    if is_semaphore(dtype) and not is_dma_semaphore(dtype):
+    if is_semaphore(aval) and not is_dma_semaphore(aval):
         return "a regular or barrier semaphore (its signals cross cores: the interpreter's)"
     return None
 

@@ -89,6 +89,7 @@ def _answer(jaxpr: Any, args: Sequence[Any], ctx: Any, token: Any) -> Any:
     """Run the impl's jaxpr (one ``coremesh_semaphore_read``) as a host callback on ``token``."""
     import jax
     import jax.numpy as jnp
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
     from jax._src.state import discharge as state_discharge
     from jax.experimental import io_callback
 
@@ -96,10 +97,9 @@ def _answer(jaxpr: Any, args: Sequence[Any], ctx: Any, token: Any) -> Any:
     operands = host_primitives.operands(jaxpr, args)
     sem, transforms = jax.tree.unflatten(eqn.params["args_tree"], operands)
     sem_id = state_discharge.transform_array(sem, transforms)
-    scalar = jax.ShapeDtypeStruct((), jnp.int32)
     token, value = io_callback(
         functools.partial(_read, site=eqn.params["site"]),
-        (jax.ShapeDtypeStruct(jnp.shape(token), jnp.result_type(token)), scalar),
+        (ipc.TOKEN_SHAPE_DTYPE, jax.ShapeDtypeStruct((), jnp.int32)),
         token,
         ctx.device_id,
         ctx.local_core_id,
