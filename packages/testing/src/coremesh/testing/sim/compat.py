@@ -65,6 +65,18 @@ def closed_jaxpr_class() -> Any:
     return None if closed is None or closed is jax_core.Jaxpr else closed
 
 
+def tensorcore_cores(mesh: Any) -> tuple[str, int] | None:
+    """(axis name, cores) of a one-axis ``TensorCoreMesh``; None for any other mesh. jax 0.10's
+    mesh has no ``num_cores``: its shape says it on every line."""
+    if type(mesh).__name__ != "TensorCoreMesh":
+        return None
+    shape = dict(mesh.shape)
+    if len(shape) != 1:
+        return None
+    ((axis, cores),) = shape.items()
+    return str(axis), int(cores)
+
+
 def tensorcore_mesh_default_cores() -> Any:
     """The closure cell of ``TensorCoreMesh.__init__`` that holds its ``num_cores`` default
     factory (a dataclass ``__init__`` binds the factory there, not as a module global), or None

@@ -125,12 +125,13 @@ def _ref_and_transforms_first(eqn: Any, invals: list[Any]) -> Any:
 
 
 def _dma(eqn: Any, invals: list[Any]) -> Any:
-    """dma_start / dma_wait: ``tree`` flattens refs and views alike (``FlatTree``)."""
-    from jax._src import tree_util
+    """dma_start / dma_wait: ``tree`` flattens refs and views alike, as the primitives' own
+    ``_dma_flatten`` does (``FlatTree``, from jax 0.12 in a module of its own)."""
+    from jax._src.pallas.mosaic import primitives as tpu_primitives
 
     args = [fold(a) for a in eqn.params["tree"].unflatten(invals)]
-    flat = tree_util.FlatTree.flatten(tuple(args))
-    return eqn.primitive.bind(*flat.vals, **{**eqn.params, "tree": flat.tree})
+    vals, tree = tpu_primitives._dma_flatten(*args)
+    return eqn.primitive.bind(*vals, **{**eqn.params, "tree": tree})
 
 
 def _on_base(eqn: Any, invals: list[Any]) -> Any:

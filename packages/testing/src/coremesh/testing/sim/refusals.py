@@ -740,13 +740,14 @@ def check_multicore_vmem_operands(
     """A TensorCore-mesh kernel of more than one core cannot take or return arrays kept in
     VMEM: each core has its own. jax 0.10 refuses it as it discharges the ``core_map``; from
     0.11 Mosaic's lowering does (pallas_call_registration.py), which the interpreter skips."""
-    if type(mesh).__name__ != "TensorCoreMesh" or getattr(mesh, "num_cores", 1) <= 1:
+    _, cores = compat.tensorcore_cores(mesh) or ("", 1)
+    if cores <= 1:
         return
     scratch = getattr(grid_mapping, "num_scratch_operands", 0) or 0
     operands = jaxpr.invars[: len(jaxpr.invars) - scratch]
     if any(memory_space(v.aval) == "vmem" for v in operands):
         raise UnsupportedOnChipError(
-            f"{label} over {mesh.num_cores} TensorCores takes or returns an array kept in VMEM "
+            f"{label} over {cores} TensorCores takes or returns an array kept in VMEM "
             "(jax.new_ref(..., memory_space=pltpu.VMEM), or an out_shape of pltpu.VMEM(...))",
             rule="Mosaic: 'TensorCoreMesh does not support VMEM inputs/outputs when there are "
             ">1 cores. Use HBM or ANY instead.' (each core has its own VMEM)",
