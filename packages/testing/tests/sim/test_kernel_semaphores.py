@@ -203,3 +203,101 @@ def test_a_mesh_kernel_returning_a_semaphore_may_ask_its_core_index() -> None:
     with simulate("v5e", 1) as sim:
         got = np.asarray(sim.run(f, X))
     np.testing.assert_array_equal(got[0], X[0])
+
+
+def megacore_copies(cores: int) -> Any:
+    """Two kernels over ``cores`` TensorCores: the first starts, on each core, the copies of its
+    rows (each half of a row on its own semaphore, both made outside the kernels, as JAX's
+    ``test_smem_async_copy_megacore`` makes its one); the second waits for them, in the other
+    order."""
+
+    mesh = jax_compat.tensorcore_mesh("core", num_cores=cores)
+
+    def run(body: Any) -> None:
+        pl.kernel(body, out_type=(), mesh=mesh)()
+
+    @jax.jit
+    def f(x: jax.Array) -> jax.Array:
+        x_ref = jax.new_ref(x, memory_space=pltpu.HBM)
+        o_ref = pl.empty_ref_like(pltpu.HBM(x.shape, x.dtype))
+        sems = [pl.empty_ref_like(pltpu.SemaphoreType.DMA(())) for _ in range(2)]
+
+        def copies() -> list[Any]:
+            out = []
+            for row in range(x.shape[0] // cores):
+                r = jax.lax.axis_index("core") * (x.shape[0] // cores) + row
+                out += [
+                    pltpu.make_async_copy(x_ref.at[r, k], o_ref.at[r, k], sems[k]) for k in (0, 1)
+                ]
+            return out
+
+        run(lambda: [c.start() for c in copies()] and None)
+        run(lambda: [c.wait() for c in reversed(copies())] and None)
+        return o_ref[...]
+
+    return f
+
+
+@pytest.mark.parametrize("dma", ["on_wait", "eager"])
+@pytest.mark.parametrize("cores", [1, 2])
+def test_each_semaphore_made_outside_the_kernels_keeps_its_own_count(cores: int, dma: Any) -> None:
+    # Both semaphores start as zero bits: until each got a handle of its own, the second
+    # kernel's wait on one deadlocked, its count handed to the other (one core too).
+    x = np.arange(4 * 2 * 8 * 128, dtype=np.float32).reshape(4, 2, 8, 128)
+    with simulate("v5p", 1, dma_execution_mode=dma) as sim:
+        got = sim.run(megacore_copies(cores), x)
+    np.testing.assert_array_equal(np.asarray(got), x)
+
+
+@pytest.mark.parametrize("dma", ["on_wait", "eager"])
+def test_each_core_of_each_device_hands_its_semaphores_to_the_same_core(dma: Any) -> None:
+    """A ring between 4 devices, each of v5p's two TensorCores sending its half on semaphores
+    the first kernel returns (new handles, the same on every core) and waiting in the next."""
+    x = np.arange(4 * 2 * 8 * 128, dtype=np.float32).reshape(4 * 2, 8, 128)
+    with simulate("v5p", 4, dma_execution_mode=dma) as sim:
+        mesh = sim.mesh()
+        cores = jax_compat.tensorcore_mesh("core", num_cores=2)
+        spec = jax.P("device", None, None)
+
+        def start(x_hbm: Any, o_hbm: Any, send: Any, recv: Any) -> None:
+            me = jax.lax.axis_index("device")
+            core = jax.lax.axis_index("core")
+            right = jax.lax.rem(me + 1, jax.lax.axis_size("device"))
+            pltpu.make_async_remote_copy(
+                x_hbm.at[core],
+                o_hbm.at[core],
+                send,
+                recv,
+                device_id=(right,),
+                device_id_type=pl.DeviceIdType.MESH,
+            ).start()
+
+        @jax.jit
+        @partial(jax.shard_map, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+        def ring(block: jax.Array) -> jax.Array:
+            sem = pltpu.SemaphoreType.DMA(())
+            out_type = (jax.ShapeDtypeStruct.like(block), sem, sem)
+            out, send, recv = pl.kernel(start, out_type=out_type, mesh=cores)(block)
+            x_ref = jax.new_ref(block, memory_space=pltpu.HBM)
+            o_ref = jax.new_ref(out, memory_space=pltpu.HBM)
+            s_ref = jax.new_ref(send, memory_space=pltpu.SEMAPHORE)
+            r_ref = jax.new_ref(recv, memory_space=pltpu.SEMAPHORE)
+
+            def done() -> None:
+                core = jax.lax.axis_index("core")
+                copy = pltpu.make_async_remote_copy(
+                    x_ref.at[core],
+                    o_ref.at[core],
+                    s_ref,
+                    r_ref,
+                    device_id=(0,),
+                    device_id_type=pl.DeviceIdType.MESH,
+                )
+                copy.wait_send()
+                copy.wait_recv()
+
+            pl.kernel(done, out_type=(), mesh=cores)()
+            return o_ref[...]
+
+        got = sim.run(ring, jax.device_put(x, jax.NamedSharding(mesh, spec)))
+    np.testing.assert_array_equal(np.asarray(got), np.roll(x, 2, axis=0))

@@ -21,9 +21,17 @@ runs with a scratch semaphore in its place and an SMEM int32 block for the handl
   semaphores must (``UnfinishedKernelError``).
 
 Both steps are ``semaphore_wait`` s whose value (below ``HANDOFF``, which no kernel waits for:
-the chip would wait forever) carries the handle; the patched wait answers them. The count is per
-core: a kernel of more than one grid step or core taking or returning a semaphore is refused
-(:class:`NotSimulatedError`).
+the chip would wait forever) carries the handle; the patched wait answers them.
+
+Each core has its own semaphores, so the table keeps a count per handle and core: a kernel over
+a ``TensorCoreMesh`` of several cores (one grid step each) hands each core's count on to the same
+core of the next kernel, as a megacore chip does with a semaphore made outside its kernels
+(``pl.empty_ref_like(pltpu.SemaphoreType.DMA(()))``). Its cores meet (by semaphore signals)
+before their copies land and again before they count. A kernel of several grid steps on one
+core taking or returning a semaphore is refused (:class:`NotSimulatedError`).
+
+A semaphore made outside every kernel holds no handle yet (its bits are zero): the first kernel
+that takes it gives it new handles, the same on every core and device of that kernel.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import functools
 import itertools
 import math
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,39 +58,59 @@ HANDOFF = -3
 ADOPT = -(2**30)
 _MAX_HANDLES = 2**29
 
+#: A semaphore's bits before any kernel gave it a handle (``jnp.empty`` of a semaphore type).
+NO_HANDLE = 0
+
 _lock = threading.Lock()
-#: handle -> the count it holds between kernels.
-_counts: dict[int, int] = {}
-_handles = itertools.count(1)
+#: (handle, global core) -> the count that core's semaphore holds between kernels.
+_counts: dict[tuple[int, int], int] = {}
+_handles = itertools.count()
 #: The scratch semaphores that adopted a handle: (shared memory, global core, semaphore id).
 _adopted: set[tuple[int, int, int]] = set()
+#: The handles made in the running kernel (its shared memory, weakly), by semaphore: every core
+#: and device of the kernel asks for them and gets the same ones.
+_made: dict[int, Any] = {}
+_made_in: list[Any] = [None]
 
 
-def _new_handles(shape: tuple[int, ...]) -> Any:
+def _new_handles(shape: tuple[int, ...], which: int) -> Any:
+    """New handles for the kernel's semaphore ``which`` (never ``NO_HANDLE``), the same for
+    every core and device that asks while the kernel runs."""
     import numpy as np
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
+    sm = ipc._shared_memory
     with _lock:
-        out = np.array([next(_handles) % _MAX_HANDLES for _ in range(math.prod(shape))])
-    return out.astype(np.int32).reshape(shape)
+        running = _made_in[0]
+        if running is None or running() is not sm:
+            _made.clear()
+            _made_in[0] = weakref.ref(sm) if sm is not None else None
+        out = _made.get(which)
+        if out is None:
+            n = math.prod(shape)
+            fresh = [1 + next(_handles) % (_MAX_HANDLES - 1) for _ in range(n)]
+            out = _made[which] = np.array(fresh, dtype=np.int32).reshape(shape)
+    return out
 
 
 def _not_simulated(what: str, chip: str) -> NotSimulatedError:
     return NotSimulatedError(
         f"a kernel taking or returning a semaphore {what} is not simulated",
-        rule="a semaphore passed between kernels is simulated by its count on the one core "
-        "that runs the kernel",
+        rule="a semaphore passed between kernels is simulated by the count each core holds "
+        "between kernels, for a kernel of one grid step, or one grid step on each core of a "
+        "TensorCoreMesh",
         chip=chip,
-        fix="give the kernel one grid step on one core, or start and wait for the copy in one "
+        fix="give the kernel one grid step per core, or start and wait for the copy in one "
         "kernel (pl.run_scoped with pltpu.SemaphoreType.DMA)",
     )
 
 
-def _handle_aval(aval: Any) -> Any:
-    """The SMEM int32 block a semaphore operand's handle travels in."""
+def _handle_aval(aval: Any, space: Any = None) -> Any:
+    """The int32 block a semaphore operand's handle travels in: SMEM, or ``space``."""
     import jax.numpy as jnp
     from jax.experimental.pallas import tpu as pltpu
 
-    return pltpu.SMEM(tuple(aval.shape), jnp.int32).get_ref_aval()
+    return (space or pltpu.SMEM)(tuple(aval.shape), jnp.int32).get_ref_aval()
 
 
 def _scratch_aval(aval: Any) -> Any:
@@ -113,9 +142,59 @@ class _Semaphore:
     aval: Any
 
 
-def _body(jaxpr: Any, sems: Sequence[_Semaphore]) -> Callable[..., list[Any]]:
+@dataclasses.dataclass(frozen=True)
+class _Cores:
+    """The cores a kernel runs on, one grid step each: their number and the mesh axis naming
+    them (None for a kernel on one core)."""
+
+    count: int = 1
+    axis: str | None = None
+
+
+def _meet(cores: _Cores, anchor: Any, meeting: Any) -> None:
+    """Every core of every device gets here before any goes on. The cores of a device meet by
+    signalling each other's ``meeting`` semaphore; the devices by the hand-off's ``BARRIER``."""
+    import jax
+    from jax.experimental import pallas as pl
+
+    if cores.axis is None:
+        pl.semaphore_wait(anchor, BARRIER)
+        return
+    me = jax.lax.axis_index(cores.axis)
+
+    def among_cores() -> None:
+        for core in range(cores.count):
+
+            @pl.when(me != core)
+            def _(core: int = core) -> None:
+                pl.semaphore_signal(meeting, 1, core_index=core)
+
+        pl.semaphore_wait(meeting, cores.count - 1)
+
+    among_cores()
+
+    @pl.when(me == 0)
+    def _() -> None:
+        pl.semaphore_wait(anchor, BARRIER)
+
+    among_cores()
+
+
+def _copy_out_from_core_0(handles: Any, smem: Any, hbm: Any, axis: str) -> None:
+    import jax
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    @pl.when(jax.lax.axis_index(axis) == 0)
+    def _() -> None:
+        smem[...] = handles
+        pltpu.sync_copy(smem, hbm)
+
+
+def _body(jaxpr: Any, sems: Sequence[_Semaphore], cores: _Cores) -> Callable[..., list[Any]]:
     """The kernel body around ``jaxpr``, whose semaphore invars are now handle blocks and whose
-    scratch semaphores (one per ``sems`` entry) come last."""
+    scratch semaphores (one per ``sems`` entry, then the cores' meeting semaphore if several
+    cores run it) come last."""
     import jax
     import jax.numpy as jnp
     from jax.experimental import io_callback
@@ -124,18 +203,22 @@ def _body(jaxpr: Any, sems: Sequence[_Semaphore]) -> Callable[..., list[Any]]:
     def body(*refs: Any) -> list[Any]:
         n = len(jaxpr.invars)
         kernel_refs = list(refs[:n])
+        scratches = refs[n : n + len(sems)]
+        meeting = refs[n + len(sems)] if cores.axis is not None else None
+        outgoing = iter(refs[n + len(sems) + 1 :])  # core 0's handles on their way out
         handles = []
-        for sem, scratch in zip(sems, refs[n:], strict=True):
+        for which, (sem, scratch) in enumerate(zip(sems, scratches, strict=True)):
             for pos in (sem.taken, sem.returned):
                 if pos is not None:
                     kernel_refs[pos] = scratch
             shape = tuple(scratch.shape)
+            new = io_callback(
+                functools.partial(_new_handles, shape, which),
+                jax.ShapeDtypeStruct(shape, jnp.int32),
+            )
+            h = new if sem.taken is None else refs[sem.taken][...]
             if sem.taken is not None:
-                h = refs[sem.taken][...]
-            else:
-                h = io_callback(
-                    functools.partial(_new_handles, shape), jax.ShapeDtypeStruct(shape, jnp.int32)
-                )
+                h = jnp.where(h == NO_HANDLE, new, h)
             handles.append(h)
             for index in _elements(shape):
                 pl.semaphore_wait(_at(scratch, index), ADOPT - h[index])
@@ -143,24 +226,27 @@ def _body(jaxpr: Any, sems: Sequence[_Semaphore]) -> Callable[..., list[Any]]:
         inline.eval_kernel(jaxpr, kernel_refs)
         out = [
             (s, r, h)
-            for s, r, h in zip(sems, refs[n:], handles, strict=True)
+            for s, r, h in zip(sems, scratches, handles, strict=True)
             if s.returned is not None
         ]
         if not out:
             return []
-        # A copy between devices signals both ends: every device starts its copies before any
-        # lands them, and lands them before any counts.
+        # A copy between devices (or cores) signals both ends: every core starts its copies
+        # before any lands them, and lands them before any counts.
         anchor = _at(out[0][1], (0,) * len(out[0][1].shape))
-        pl.semaphore_wait(anchor, BARRIER)
+        _meet(cores, anchor, meeting)
         for _, scratch, _ in out:
             for index in _elements(tuple(scratch.shape)):
                 pl.semaphore_wait(_at(scratch, index), LAND)
-        pl.semaphore_wait(anchor, BARRIER)
+        _meet(cores, anchor, meeting)
         for sem, scratch, h in out:
             for index in _elements(tuple(scratch.shape)):
                 pl.semaphore_wait(_at(scratch, index), HANDOFF - h[index])
             assert sem.returned is not None
-            refs[sem.returned][...] = h
+            if cores.axis is None:
+                refs[sem.returned][...] = h
+            else:
+                _copy_out_from_core_0(h, next(outgoing), refs[sem.returned], cores.axis)
         return []
 
     return body
@@ -187,12 +273,20 @@ def _semaphores(jaxpr: Any, gm: Any, aliases: Sequence[tuple[int, int]]) -> list
     return sems
 
 
+def _cores_of(mesh: Any, steps: int) -> _Cores | None:
+    """The cores of a kernel that runs one grid step on each core of a ``TensorCoreMesh``;
+    None for any other kernel of ``steps`` grid steps."""
+    axis, cores = compat.tensorcore_cores(mesh) or ("", 0)
+    return _Cores(steps, axis) if cores == steps else None
+
+
 def rewrite(args: Sequence[Any], kw: dict[str, Any], chip: str) -> tuple[Any, Any, Any] | None:
     """``(args, kw, finish)`` for a kernel that takes or returns semaphores, rewritten as the
     module says (``finish`` turns its outputs back into semaphores); None for any other."""
     import jax.numpy as jnp
     from jax import lax
     from jax._src import core as jax_core
+    from jax.experimental import pallas as pl
 
     jaxpr = kw["jaxpr"]
     gm = kw["grid_mapping"]
@@ -202,28 +296,35 @@ def rewrite(args: Sequence[Any], kw: dict[str, Any], chip: str) -> tuple[Any, An
     steps = inline.kernel_steps(gm)
     if steps is None:
         raise _not_simulated("over a grid sized at run time", chip)
-    if steps != 1:
-        raise _not_simulated(f"over {steps} grid steps (or cores)", chip)
+    cores = _Cores() if steps == 1 else _cores_of(kw.get("mesh"), steps)
+    if cores is None:
+        raise _not_simulated(f"over {steps} grid steps of one core", chip)
     if jaxpr.constvars:
         raise _not_simulated("whose body has constants", chip)
 
     first = gm.num_index_operands
     handle_blocks = {p for s in sems for p in (s.taken, s.returned) if p is not None}
+    # Over several cores a result's handles go out through HBM, written by core 0 alone: an SMEM
+    # result block is copied out by every core, and the race detector would see the cores'
+    # equal copies race.
+    spaces = {s.returned: pl.ANY for s in sems if cores.axis is not None and s.returned is not None}
     block_mappings = list(gm.block_mappings)
-    for pos in handle_blocks:
-        aval = jaxpr.invars[pos].aval
+    handle_avals = {p: _handle_aval(jaxpr.invars[p].aval, spaces.get(p)) for p in handle_blocks}
+    for pos, handle in handle_avals.items():
         block_mappings[pos - first] = block_mappings[pos - first].replace(
-            array_aval=jax_core.ShapedArray(tuple(aval.shape), jnp.int32),
-            **{compat.block_aval_field(): _handle_aval(aval)},
+            array_aval=jax_core.ShapedArray(tuple(handle.shape), jnp.int32),
+            **{compat.block_aval_field(): handle},
         )
     scratch = [_scratch_aval(s.aval) for s in sems]
+    if cores.axis is not None:
+        scratch.append(_scratch_aval(jax_core.ShapedArray((), jnp.int32)))  # the cores' meeting
+        # Core 0's handles, in SMEM, for its copy to each result's HBM block.
+        scratch += [_handle_aval(jaxpr.invars[p].aval) for p in spaces]
     new_gm = gm.replace(
         block_mappings=tuple(block_mappings), scratch_avals=(*gm.scratch_avals, *scratch)
     )
-    in_avals = [
-        _handle_aval(v.aval) if i in handle_blocks else v.aval for i, v in enumerate(jaxpr.invars)
-    ]
-    new_jaxpr = inline.retrace_kernel(gm, _body(jaxpr, sems), [*in_avals, *scratch])
+    in_avals = [handle_avals.get(i, v.aval) for i, v in enumerate(jaxpr.invars)]
+    new_jaxpr = inline.retrace_kernel(gm, _body(jaxpr, sems, cores), [*in_avals, *scratch])
 
     # args: *dynamic grid sizes, *index operands, *inputs; invars: *index operands, *inputs, ...
     lead = len(args) - gm.num_inputs - first
@@ -250,13 +351,22 @@ def rewrite(args: Sequence[Any], kw: dict[str, Any], chip: str) -> tuple[Any, An
 
 def _land(sem: Any, gcid: int) -> None:
     """Run every copy still in flight on ``sem`` for core ``gcid``, newest first (the order a
-    wait takes them in, ``shared_memory.py`` ``Semaphore.wait``)."""
+    wait takes them in, ``shared_memory.py`` ``Semaphore.wait``). The core then takes the count
+    through the semaphore's own wait and puts it back: with race detection on, that wait orders
+    the core after the copies, as a wait for them would (the kernel's end reads their
+    destinations)."""
     while True:
         with sem.cv:
             if not sem.tasks[gcid]:
-                return
+                break
             task = sem.tasks[gcid].pop()
         task()
+    with sem.cv:
+        count = int(sem.count_by_core[gcid])
+    if count > 0:
+        sem.wait(count, gcid)
+        with sem.cv:
+            sem.count_by_core[gcid] += count
 
 
 def _ours(sm: Any, device_id: int, local_core_id: int, sem_id: int, value: int) -> bool:
@@ -279,7 +389,7 @@ def _hand_off(sm: Any, device_id: int, local_core_id: int, sem_id: int, value: i
             # Kernels run one at a time: marks left by an earlier kernel's memory go.
             _adopted.difference_update({k for k in _adopted if k[0] != id(sm)})
             _adopted.add(key)
-            count = _counts.pop(ADOPT - value, 0)
+            count = _counts.pop((ADOPT - value, gcid), 0)
         (sem,), clock = sm.get_semaphores_and_increment_clock([sem_id], gcid)
         if count:
             sem.signal(count, gcid, clock)
@@ -296,7 +406,7 @@ def _hand_off(sm: Any, device_id: int, local_core_id: int, sem_id: int, value: i
                 count = int(sem.count_by_core[gcid])
                 sem.count_by_core[gcid] = 0
             with _lock:
-                _counts[HANDOFF - value] = count
+                _counts[(HANDOFF - value, gcid)] = count
                 _adopted.discard(key)
 
 
