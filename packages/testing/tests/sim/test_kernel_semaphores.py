@@ -167,10 +167,14 @@ def remote_done(x: jax.Array, out: jax.Array, send: jax.Array, recv: jax.Array) 
     )(x, out, send, recv)
 
 
-@pytest.mark.parametrize("dma", ["on_wait", "eager"])
-def test_a_copy_between_devices_is_waited_for_in_the_next_kernel(dma: Any) -> None:
+@pytest.mark.parametrize(
+    ("dma", "races"), [("on_wait", False), ("eager", False), ("on_wait", True)]
+)
+def test_a_copy_between_devices_is_waited_for_in_the_next_kernel(dma: Any, races: bool) -> None:
+    # With the race detector on, the first kernel's end reads its results after the copies it
+    # left in flight landed: ordered, no race (it reported one, as a raw BrokenBarrierError).
     x = np.arange(4 * 8 * 128, dtype=np.float32).reshape(4 * 8, 128)
-    with simulate("v5e", 4, dma_execution_mode=dma) as sim:
+    with simulate("v5e", 4, dma_execution_mode=dma, races=races) as sim:
         mesh = sim.mesh()
         spec = jax.P("device", None)
 
