@@ -163,6 +163,8 @@ def test_every_patch_has_a_regression_test() -> None:
         "key_refs",  # test_key_refs.py
         "kernel_key_impls",  # test_kernel_key_impls.py
         "resident_aliases",  # test_resident_aliases.py
+        "core_local_smem",  # test_core_local_smem.py
+        "mpmd_operand_spaces",  # test_core_local_smem.py
         "hardware_prng",  # test_hardware_prng.py
         "pipeline_primitive",  # test_pipeline_primitive.py
         "sparsecore_bitcast",  # test_sparsecore_bitcast.py

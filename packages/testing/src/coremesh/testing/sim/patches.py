@@ -1127,6 +1127,18 @@ def _hardware_prng_targets() -> list[tuple[Any, str, Any]]:
     return hardware_prng.targets()
 
 
+def _core_local_smem_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import core_local_smem
+
+    return core_local_smem.targets()
+
+
+def _operand_spaces_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import operand_spaces
+
+    return operand_spaces.targets()
+
+
 def _kernel_semaphores_targets() -> list[tuple[Any, str, Any]]:
     from coremesh.testing.sim import kernel_semaphores
 
@@ -1481,6 +1493,23 @@ PATCHES: tuple[Patch, ...] = (
         "buffer of its own (the chip: the operand's), so what the kernel leaves in the operand "
         "never reaches the result: it is the fill (interpret_pallas_call.py, output blocks)",
         _resident_aliases_targets,
+    ),
+    Patch(
+        "core_local_smem",
+        "an SMEM array made outside the kernels and used by kernels over several TensorCores "
+        "is one array for all cores (each TensorCore has its own SMEM): every core copies it in "
+        "and out whole, so one core's writes overwrite another's (interpret_pallas_call.py, "
+        "kernel buffers)",
+        _core_local_smem_targets,
+    ),
+    Patch(  # after resident_aliases and core_local_smem: they read the blocks it corrects
+        "mpmd_operand_spaces",
+        "a pl.kernel (mpmd_map) operand made outside in SMEM or VMEM gets a block in ANY, and "
+        "its aliased result no memory space, while its kernel ref stays in SMEM/VMEM: the "
+        "interpreter allocates it in HBM and the body's first access fails (\"KeyError: "
+        "('smem', 100, 0, 0)\"); jax 0.11 lowers both in the ref's space",
+        _operand_spaces_targets,
+        fixed_in="0.11.0",
     ),
     Patch(
         "kernel_semaphores",

@@ -10,8 +10,9 @@ through the operand (or not at all) leaves unwritten: the result is the fill (Na
 Simulated so: in a kernel of one grid step, the result's ref is the operand's, and the
 operand's final content is copied to the result when the kernel ends. Over more grid steps or
 cores (each core has its own VMEM and SMEM) it is refused (``NotSimulatedError``), not left to
-the fill. An operand kept in VMEM and only read is copied into the kernel's VMEM like any
-input; the interpreter refused it ("Unsupported memory space: vmem").
+the fill, unless patch ``core_local_smem`` gave the array one row per core. An operand kept in
+VMEM and only read is copied into the kernel's VMEM like any input; the interpreter refused it
+("Unsupported memory space: vmem").
 """
 
 from __future__ import annotations
@@ -80,7 +81,9 @@ def rewrite(kw: dict[str, Any]) -> dict[str, Any] | None:
             "VMEM and SMEM)",
             chip=current().name,
             fix="keep the array in HBM (pltpu.HBM / pl.ANY) and copy it in the kernel, or run "
-            "the kernel as one grid step on one core",
+            "the kernel as one grid step on one core; an SMEM array made in the jitted function "
+            "and used only by kernels over the same TensorCores runs, one per core (patch "
+            "core_local_smem)",
         )
     if jaxpr.constvars:
         return None
