@@ -95,6 +95,31 @@ def test_one_core_uses_the_array_as_it_is() -> None:
     np.testing.assert_array_equal(got, expected(1))
 
 
+def test_a_kernel_body_copies_its_cores_row_with_sync_copy() -> None:
+    # pltpu.sync_copy is a run_scoped DMA: its body, traced again with the core's row, keeps
+    # what it closes over as its consts (jax 0.11 and later attach them to the jaxpr).
+    x = np.arange(N, dtype=np.int32).reshape(1, N)
+    run = runner("kernel", 2)
+
+    @jax.jit
+    def f(x: jax.Array) -> jax.Array:
+        x_ref = jax.new_ref(x, memory_space=pltpu.SMEM)
+        out = pl.empty_ref_like(pltpu.HBM((2, *x.shape), x.dtype))
+
+        @run
+        def _() -> None:
+            core = jax.lax.axis_index("core")
+            x_ref[0, 0] = x_ref[0, 0] + 10 * (core + 1)
+            pltpu.sync_copy(x_ref, out.at[core])
+
+        return out[...]
+
+    want = np.stack([x, x])
+    want[:, 0, 0] += [10, 20]
+    with simulate("v5p", 1) as sim:
+        np.testing.assert_array_equal(np.asarray(sim.run(f, x)), want)
+
+
 def test_an_smem_array_also_read_outside_the_kernels_stays_refused() -> None:
     # Which core's values a read outside the kernels would see is not the simulator's to pick.
     run = runner("kernel", 2)

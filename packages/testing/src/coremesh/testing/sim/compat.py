@@ -6,6 +6,7 @@ spellings (meshes, the chip table's module) are in :mod:`coremesh.core.jax_compa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from coremesh.core import jax_versions
@@ -63,6 +64,16 @@ def closed_jaxpr_class() -> Any:
 
     closed = getattr(jax_core, "ClosedJaxpr", None)
     return None if closed is None or closed is jax_core.Jaxpr else closed
+
+
+def with_consts(jaxpr: Any, consts: Sequence[Any]) -> Any:
+    """A jaxpr just traced (``pe.trace_to_jaxpr_dynamic``) with its ``consts`` attached, as a
+    primitive whose operands start with them takes it (``run_scoped``): from jax 0.11 the trace
+    returns them as leading invars and a ``Jaxpr`` carries their values; jax 0.10 returns them
+    as constvars, bound by the caller."""
+    if closed_jaxpr_class() is not None or not consts:
+        return jaxpr
+    return jaxpr.with_consts(list(consts))
 
 
 def tensorcore_cores(mesh: Any) -> tuple[str, int] | None:

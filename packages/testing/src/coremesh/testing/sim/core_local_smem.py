@@ -149,8 +149,6 @@ def _new_ref_rule(plan: dict[Any, int]) -> ref_views_eval.Rule:
 def widened(closed: Any) -> Any | None:
     """``closed`` (a jitted function's jaxpr, before its refs are discharged) with its
     core-local SMEM refs widened (see the module); None if it has none."""
-    from jax._src import core as jax_core
-
     jaxpr = getattr(closed, "jaxpr", closed)
     plan = _core_local(jaxpr)
     if not plan:
@@ -172,9 +170,7 @@ def widened(closed: Any) -> Any | None:
     closed_class = compat.closed_jaxpr_class()
     if closed_class is not None:
         return closed_class(new, new_consts)
-    if not new_consts:
-        return new
-    return jax_core.Jaxpr.with_consts(new, new_consts)
+    return compat.with_consts(new, new_consts)
 
 
 def local_operands(kw: dict[str, Any]) -> frozenset[int]:

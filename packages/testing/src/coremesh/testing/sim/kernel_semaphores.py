@@ -16,9 +16,10 @@ runs with a scratch semaphore in its place and an SMEM int32 block for the handl
   only returns is new: count zero, a new handle);
 * at the end, for a semaphore the kernel returns, the copies still in flight on it land (a copy
   may finish at any time before its wait; the kernel's buffers are copied out when it ends, so
-  under ``on_wait`` this is the latest it can land), its count goes back to the table and the
-  scratch semaphore to zero. A semaphore the kernel only takes must end at zero, as its own
-  semaphores must (``UnfinishedKernelError``).
+  under ``on_wait`` this is the latest it can land; the core then takes their count through
+  the semaphore's own wait, so the race detector orders the kernel's end after them), its count
+  goes back to the table and the scratch semaphore to zero. A semaphore the kernel only takes
+  must end at zero, as its own semaphores must (``UnfinishedKernelError``).
 
 Both steps are ``semaphore_wait`` s whose value (below ``HANDOFF``, which no kernel waits for:
 the chip would wait forever) carries the handle; the patched wait answers them.
@@ -27,8 +28,10 @@ Each core has its own semaphores, so the table keeps a count per handle and core
 a ``TensorCoreMesh`` of several cores (one grid step each) hands each core's count on to the same
 core of the next kernel, as a megacore chip does with a semaphore made outside its kernels
 (``pl.empty_ref_like(pltpu.SemaphoreType.DMA(()))``). Its cores meet (by semaphore signals)
-before their copies land and again before they count. A kernel of several grid steps on one
-core taking or returning a semaphore is refused (:class:`NotSimulatedError`).
+before their copies land and again before they count, and core 0 alone writes a returned
+semaphore's handles, to a block in HBM (every core would copy an SMEM block out, and the race
+detector would see the equal copies race). A kernel of several grid steps on one core taking or
+returning a semaphore is refused (:class:`NotSimulatedError`).
 
 A semaphore made outside every kernel holds no handle yet (its bits are zero): the first kernel
 that takes it gives it new handles, the same on every core and device of that kernel.
@@ -181,6 +184,7 @@ def _meet(cores: _Cores, anchor: Any, meeting: Any) -> None:
 
 
 def _copy_out_from_core_0(handles: Any, smem: Any, hbm: Any, axis: str) -> None:
+    """Core 0 writes a returned semaphore's handles to its HBM block, through SMEM scratch."""
     import jax
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu

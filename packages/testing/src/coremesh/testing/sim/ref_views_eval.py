@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from coremesh.testing.sim import compat
 from coremesh.testing.sim.errors import NotSimulatedError
 
 
@@ -208,6 +209,7 @@ def _run_scoped(eqn: Any, invals: list[Any], own: dict[str, Rule]) -> Any:
     debug = api_util.debug_info("coremesh run_scoped", body, avals, {})
     with config.mutable_array_checks(False):
         jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(lu.wrap_init(body, debug_info=debug), avals)
+    jaxpr = compat.with_consts(jaxpr, consts)
     return eqn.primitive.bind(*consts, **{**eqn.params, "jaxpr": jaxpr})
 
 
