@@ -161,6 +161,33 @@ def test_a_barrier_semaphore_without_a_collective_id_is_refused() -> None:
     np.testing.assert_array_equal(np.asarray(out), np.arange(8 * 128).reshape(8, 128))
 
 
+def tagged_barrier_round(x_hbm: Any, o_hbm: Any) -> None:
+    sem = pltpu.get_barrier_semaphore("round")  # jax 0.11 and later
+    pl.semaphore_signal(sem, 1)
+    pl.semaphore_wait(sem, 1)
+    pltpu.sync_copy(x_hbm, o_hbm)
+
+
+def test_a_barrier_semaphore_whose_collective_id_jax_assigns_runs() -> None:
+    # From jax 0.11 Mosaic assigns the id itself under jax_pallas_auto_assign_collective_ids
+    # ('yes' / 'override') or for a tagged barrier; jax 0.10 has neither, and needs the id.
+    from jax._src import config as jax_config
+
+    want = np.arange(8 * 128).reshape(8, 128)
+    auto = getattr(jax_config, "jax_pallas_auto_assign_collective_ids", None)
+    with simulate(devices=1):
+        if auto is None:
+            with pytest.raises(CollectiveIdError, match="no collective_id"):
+                run(barrier_round, [])
+            return
+        for mode in ("yes", "override"):
+            with auto(mode):
+                np.testing.assert_array_equal(np.asarray(run(barrier_round, [])), want)
+        np.testing.assert_array_equal(np.asarray(run(tagged_barrier_round, [])), want)
+        with pytest.raises(CollectiveIdError, match="no collective_id"):
+            run(barrier_round, [])  # 'no', the default
+
+
 @pytest.mark.parametrize(
     ("devices", "match"),
     [

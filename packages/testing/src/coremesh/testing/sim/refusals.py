@@ -143,7 +143,10 @@ def check_kernel(
         check_subcore_kernel(
             inner, mesh, label=label, chip=chip.name, compiler_params=compiler_params
         )
-    if getattr(compiler_params, "collective_id", None) is None:
+    if (
+        getattr(compiler_params, "collective_id", None) is None
+        and auto_collective_id(inner) is None
+    ):
         for eqn in _barrier_uses(inner):
             where = user_location(eqn.source_info)
             raise CollectiveIdError(
@@ -663,6 +666,44 @@ def _narrow_int(value: Any, *, below: int = 32, vector: bool = False) -> Any:
     return dtype
 
 
+#: The collective id the simulator gives a kernel whose barrier semaphore jax assigns one to
+#: (jax's auto-assigned ids start there, ``mlir.CollectiveIdMapping``).
+AUTO_COLLECTIVE_ID = 7000
+
+
+def auto_collective_id(jaxpr: Any) -> int | None:
+    """The collective id Mosaic assigns a kernel that uses the barrier semaphore without one, or
+    None where it refuses it. From jax 0.11 Mosaic assigns one when
+    ``jax_pallas_auto_assign_collective_ids`` is ``'yes'`` or ``'override'``, or when the
+    kernel names its barrier by a tag (``pltpu.get_barrier_semaphore(tag)``;
+    ``tpu_custom_call._lower_to_custom_call``). The id itself only names the kernel's barrier
+    semaphore in the simulator: every kernel gets the same."""
+    from jax._src import config
+
+    uses = list(_barrier_uses(jaxpr))
+    if not uses:
+        return None
+    mode = getattr(config, "jax_pallas_auto_assign_collective_ids", None)
+    tagged = all(eqn.params.get("tag") is not None for eqn in uses)
+    if tagged or (mode is not None and mode.value in ("yes", "override")):
+        return AUTO_COLLECTIVE_ID
+    return None
+
+
+def with_auto_collective_id(jaxpr: Any, compiler_params: Any) -> Any:
+    """``compiler_params`` with the collective id Mosaic would assign the kernel, where it has
+    none and Mosaic assigns one (:func:`auto_collective_id`); as they are otherwise. The
+    interpreter reads the id as an int (``get_barrier_semaphore``: ``int(None)`` fails)."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    if getattr(compiler_params, "collective_id", None) is not None:
+        return compiler_params
+    auto = auto_collective_id(getattr(jaxpr, "jaxpr", jaxpr))
+    if auto is None:
+        return compiler_params
+    return (compiler_params or pltpu.CompilerParams()).replace(collective_id=auto)
+
+
 def _barrier_uses(jaxpr: Any) -> Iterator[Any]:
     from jax._src.pallas.mosaic import primitives as mosaic_primitives
 
@@ -777,7 +818,8 @@ def targets() -> list[tuple[Any, str, Any]]:
             chip=current(),
             grid_mapping=kw.get("grid_mapping"),
         )
-        return orig_call(*args, **kw)
+        params = with_auto_collective_id(kw["jaxpr"], kw.get("compiler_params"))
+        return orig_call(*args, **{**kw, "compiler_params": params})
 
     @ipc.fail_on_exception
     def validate(token: Any, device_id: Any) -> Any:
