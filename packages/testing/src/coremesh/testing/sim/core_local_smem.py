@@ -36,16 +36,16 @@ CORE_LOCAL = "coremesh_core_local"
 _KERNELS = ("core_map", "mpmd_map")
 
 
-def _mesh_cores(eqn: Any) -> tuple[int, str] | None:
-    """(cores, axis) of a kernel equation over a ``TensorCoreMesh`` of several cores."""
+def _mesh_cores(eqn: Any) -> tuple[str, int] | None:
+    """(axis, cores) of a kernel equation over a ``TensorCoreMesh`` of several cores."""
     if eqn.primitive.name == "core_map":
         mesh = eqn.params["mesh"]
     elif eqn.primitive.name == "mpmd_map" and len(eqn.params["meshes"]) == 1:
         (mesh,) = eqn.params["meshes"]
     else:
         return None
-    axis, cores = compat.tensorcore_cores(mesh) or ("", 1)
-    return (cores, axis) if cores > 1 else None
+    found = compat.tensorcore_cores(mesh)
+    return found if found is not None and found[1] > 1 else None
 
 
 def _core_local(jaxpr: Any) -> dict[Any, int]:
@@ -68,22 +68,18 @@ def _core_local(jaxpr: Any) -> dict[Any, int]:
             continue
         mesh = _mesh_cores(eqn)
         for v in used:
-            if mesh is None or cores.setdefault(v, mesh[0]) != mesh[0]:
+            if mesh is None or cores.setdefault(v, mesh[1]) != mesh[1]:
                 left_alone.add(v)
     return {v: c for v, c in cores.items() if v not in left_alone}
 
 
 def _trace(fn: Callable[..., list[Any]], avals: Sequence[Any], axis: tuple[str, int]) -> Any:
-    from jax._src import api_util, config
+    """``fn`` (a kernel body over refs) as an open jaxpr, inside the mesh's axis."""
+    from jax._src import config
     from jax._src import core as jax_core
-    from jax._src import linear_util as lu
-    from jax._src.interpreters import partial_eval as pe
 
-    debug = api_util.debug_info("coremesh core-local SMEM", fn, avals, {})
     with config.mutable_array_checks(False), jax_core.extend_axis_env_nd([axis]):
-        jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(lu.wrap_init(fn, debug_info=debug), avals)
-    assert not consts, consts
-    return jaxpr
+        return inline.trace_body(fn, avals)
 
 
 def _kernel_rule(plan: dict[Any, int]) -> ref_views_eval.Rule:
@@ -100,7 +96,7 @@ def _kernel_rule(plan: dict[Any, int]) -> ref_views_eval.Rule:
         if not local:
             params = eqn.primitive.get_bind_params(eqn.params)
             return eqn.primitive.bind(*invals, **params)
-        cores, axis = _mesh_cores(eqn) or (0, "")
+        axis, cores = _mesh_cores(eqn) or ("", 0)
         avals = [jax_core.typeof(x) for x in invals]
         is_core_map = eqn.primitive.name == "core_map"
         body = eqn.params["jaxpr"] if is_core_map else eqn.params["jaxprs"][0]

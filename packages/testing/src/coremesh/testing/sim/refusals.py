@@ -143,10 +143,7 @@ def check_kernel(
         check_subcore_kernel(
             inner, mesh, label=label, chip=chip.name, compiler_params=compiler_params
         )
-    if (
-        getattr(compiler_params, "collective_id", None) is None
-        and auto_collective_id(inner) is None
-    ):
+    if getattr(compiler_params, "collective_id", None) is None:
         for eqn in _barrier_uses(inner):
             where = user_location(eqn.source_info)
             raise CollectiveIdError(
@@ -671,37 +668,26 @@ def _narrow_int(value: Any, *, below: int = 32, vector: bool = False) -> Any:
 AUTO_COLLECTIVE_ID = 7000
 
 
-def auto_collective_id(jaxpr: Any) -> int | None:
-    """The collective id Mosaic assigns a kernel that uses the barrier semaphore without one, or
-    None where it refuses it. From jax 0.11 Mosaic assigns one when
+def with_auto_collective_id(jaxpr: Any, compiler_params: Any) -> Any:
+    """``compiler_params`` with the collective id Mosaic assigns a kernel that uses the barrier
+    semaphore without one; as they are otherwise (and :func:`check_kernel` refuses the kernel
+    where Mosaic does). From jax 0.11 Mosaic assigns one when
     ``jax_pallas_auto_assign_collective_ids`` is ``'yes'`` or ``'override'``, or when the
     kernel names its barrier by a tag (``pltpu.get_barrier_semaphore(tag)``;
-    ``tpu_custom_call._lower_to_custom_call``). The id itself only names the kernel's barrier
-    semaphore in the simulator: every kernel gets the same."""
+    ``tpu_custom_call._lower_to_custom_call``). The id only names the kernel's barrier
+    semaphore in the simulator, so every such kernel gets the same; the interpreter reads it as
+    an int (``get_barrier_semaphore``: ``int(None)`` fails)."""
     from jax._src import config
-
-    uses = list(_barrier_uses(jaxpr))
-    if not uses:
-        return None
-    mode = getattr(config, "jax_pallas_auto_assign_collective_ids", None)
-    tagged = all(eqn.params.get("tag") is not None for eqn in uses)
-    if tagged or (mode is not None and mode.value in ("yes", "override")):
-        return AUTO_COLLECTIVE_ID
-    return None
-
-
-def with_auto_collective_id(jaxpr: Any, compiler_params: Any) -> Any:
-    """``compiler_params`` with the collective id Mosaic would assign the kernel, where it has
-    none and Mosaic assigns one (:func:`auto_collective_id`); as they are otherwise. The
-    interpreter reads the id as an int (``get_barrier_semaphore``: ``int(None)`` fails)."""
     from jax.experimental.pallas import tpu as pltpu
 
     if getattr(compiler_params, "collective_id", None) is not None:
         return compiler_params
-    auto = auto_collective_id(getattr(jaxpr, "jaxpr", jaxpr))
-    if auto is None:
+    uses = list(_barrier_uses(getattr(jaxpr, "jaxpr", jaxpr)))
+    mode = getattr(config, "jax_pallas_auto_assign_collective_ids", None)
+    tagged = all(eqn.params.get("tag") is not None for eqn in uses)
+    if not uses or not (tagged or (mode is not None and mode.value in ("yes", "override"))):
         return compiler_params
-    return (compiler_params or pltpu.CompilerParams()).replace(collective_id=auto)
+    return (compiler_params or pltpu.CompilerParams()).replace(collective_id=AUTO_COLLECTIVE_ID)
 
 
 def _barrier_uses(jaxpr: Any) -> Iterator[Any]:
@@ -810,15 +796,15 @@ def targets() -> list[tuple[Any, str, Any]]:
     orig_validate = getattr(prev_validate, "__wrapped__", prev_validate)
 
     def interpret_pallas_call(*args: Any, **kw: Any) -> Any:
+        params = with_auto_collective_id(kw["jaxpr"], kw.get("compiler_params"))
         check_kernel(
             kw["jaxpr"],
             mesh=kw.get("mesh"),
-            compiler_params=kw.get("compiler_params"),
+            compiler_params=params,
             name=kw.get("name"),
             chip=current(),
             grid_mapping=kw.get("grid_mapping"),
         )
-        params = with_auto_collective_id(kw["jaxpr"], kw.get("compiler_params"))
         return orig_call(*args, **{**kw, "compiler_params": params})
 
     @ipc.fail_on_exception
