@@ -120,6 +120,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "simulated_chip",
         "host_devices",
         "io_callback_host_copy",
+        "padding_copy",  # test_callback_copies.py
         "partial_manual_refusal",
         "intercore",
         "signal_core",

@@ -1216,6 +1216,12 @@ def _chip_matmul_targets() -> list[tuple[Any, str, Any]]:
     return chip_matmul.targets()
 
 
+def _padding_copy_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import padding_copy
+
+    return padding_copy.targets()
+
+
 def _scalar_division_targets() -> list[tuple[Any, str, Any]]:
     return scalar_division.targets()
 
@@ -1256,6 +1262,14 @@ PATCHES: tuple[Patch, ...] = (
         "io_callback's device_put (callback.py:434) deadlocks with >1 host device and operands "
         "over ~100 KiB",
         _io_callback_targets,
+    ),
+    Patch(
+        "padding_copy",
+        "with buffer_bounds='padded' the interpreter's allocation copies every buffer's value "
+        "a second time to pad it (_get_with_padding: np.full of the padded shape, then the "
+        "value written in), even when the shape is whole tiles already and the padded array "
+        "equals the value",
+        _padding_copy_targets,
     ),
     Patch(
         "partial_manual_refusal",
