@@ -69,7 +69,9 @@ def test_a_dma_kernel_holds_one_host_copy_of_its_operand() -> None:
     an 8 MiB result: the interpreter's buffer of ``x`` (16 MiB) and four of the result's size
     (its buffer, from the uninitialized array the interpreter stages; the DMA's read of the
     source; the result read back; the source half's write), 48 MiB, 3x ``x``. With the
-    operand copied before the allocation copies it again, 64 MiB, 4x."""
+    operand copied before the allocation copies it again, 64 MiB, 4x. Patch ``padding_copy``
+    lowers the measured peak to 42 MiB, 2.6x (48 MiB without it; 2026-12-07, jax 0.10.2 and
+    0.12.0.1)."""
     x = jax.lax.broadcasted_iota(jnp.float32, (2, 4096, 512), 0)
 
     def kernel(index: Any, x_hbm: Any, y_hbm: Any, sem: Any) -> None:
