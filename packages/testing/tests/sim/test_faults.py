@@ -179,6 +179,79 @@ def test_a_fault_on_one_core_is_the_error_and_lists_the_wait_it_left_blocked() -
         assert "left blocked: device 0, core 1" in str(err)
 
 
+def fault_while_the_other_devices_wait(x_hbm: Any, o_hbm: Any, v: Any, done: Any) -> None:
+    device = jax.lax.axis_index("device")
+
+    @pl.when(device == 0)
+    def _() -> None:
+        rows = v[pl.ds(device + 12, 8), :]  # out of bounds: device 0 never signals `done`
+        del rows
+        for other in (1, 2, 3):
+            pl.semaphore_signal(done, 1, device_id={"device": other})
+
+    @pl.when(device != 0)
+    def _() -> None:
+        pl.semaphore_wait(done, 1)  # the waits the fault leaves blocked
+
+
+def test_a_fault_on_a_chip_of_one_core_is_the_error_not_a_wait_it_stopped() -> None:
+    # One core a device: the kernel runs in each device's own program, where the interpreter
+    # holds a failing device until every device has stopped, and its shared memory (with its
+    # record of the first failure) is gone when the errors are reported. The stopped waits
+    # reported first named "a semaphore wait failed" on device 1, 2 or 3.
+    with simulate("v5e", devices=4, deadline=300) as sim:
+        mesh = sim.mesh()
+        f = sharded(
+            mesh,
+            fault_while_the_other_devices_wait,
+            [pltpu.VMEM((ROWS, 128), jnp.float32), pltpu.SemaphoreType.REGULAR],
+        )
+        x = jax.device_put(jnp.zeros((32, 128)), jax.NamedSharding(mesh, jax.P("device", None)))
+        for _ in range(3):  # which device reports first varies from run to run
+            with pytest.raises(SimulationFault) as info:
+                f(x)
+            err = info.value
+            assert (err.device, err.core) == (0, 0)
+            assert err.operation == "a load from a ref out of bounds"
+
+
+def test_a_fault_is_recorded_before_the_interpreter_holds_its_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # At the top level the interpreter's set_failed waits for every device to stop before the
+    # error goes on: the user's call could end first, with XLA's raw error (JAX's
+    # test_all_gather_1d_mesh did, on 4 v5e devices). The fault must be recorded by then.
+    from jax._src.pallas.mosaic.interpret import shared_memory as memory
+
+    from coremesh.testing.sim.deadlock import WATCHDOG
+
+    seen: list[Exception | None] = []
+    original = memory.SharedMemory.set_failed
+
+    def spy(self: Any, exception: Exception, *args: Any, **kw: Any) -> Any:
+        seen.append(WATCHDOG._failure)
+        return original(self, exception, *args, **kw)
+
+    monkeypatch.setattr(memory.SharedMemory, "set_failed", spy)
+    with simulate("v5e", devices=1):
+        f = one_device_kernel(past_the_end, [pltpu.VMEM((ROWS, 128), jnp.float32)])
+        with pytest.raises(SimulationFault, match="out of bounds"):
+            f(jnp.zeros((8, 128), jnp.float32))
+    assert seen and isinstance(seen[0], SimulationFault)
+
+
+def test_an_error_marked_stopped_is_never_the_fault() -> None:
+    from coremesh.testing.sim import faults
+    from coremesh.testing.sim.deadlock import WATCHDOG
+
+    err = RuntimeError("Computation failed on (0, 0) with exception: ...")
+    faults.mark_stopped(err)
+    with simulate("v5e", devices=1):
+        WATCHDOG.reset()
+        faults._report("semaphore_wait", (42, 1, 0), {}, err)  # no shared memory: none is live
+        assert WATCHDOG.take() is None
+
+
 def test_stock_interpreter_reports_a_fault_as_a_callback_error() -> None:
     # The fault_report patch's regression: without it the same load is XLA's generic error.
     with simulate(devices=1, disable_patches=["fault_report"]):

@@ -6,7 +6,8 @@ the user as XLA's ``JaxRuntimeError: INTERNAL: CpuCallback error`` around an int
 traceback, and when another core was waiting, often as that core's deadlock instead. Here every
 callback is wrapped in a ``try``/``except`` (no other per-operation cost): the first exception of
 a run is turned into a :class:`SimulationFault` naming the device, core, kernel, the user's source
-line, the buffer and the index, and recorded with the watchdog; the interpreter's own failure
+line, the buffer and the index, and recorded with the watchdog (from the interpreter's
+``set_failed``, which sees it before the wrapper does); the interpreter's own failure
 flag then aborts the other cores' waits, which are listed after the fault, and the simulator
 raises the fault from the call (``patches``' execute wrapper) with the original exception as its
 ``__cause__``.
@@ -18,7 +19,10 @@ equation of a kernel to its name when the interpreter traces it.
 from __future__ import annotations
 
 import collections
+import contextlib
+import sys
 import threading
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -140,7 +144,8 @@ def guard(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kw)
         except Exception as err:
-            _report(name, args, kw, err)
+            if not getattr(err, _REPORTED, False):  # else reported by set_failed, below
+                _report(name, args, kw, err)
             raise
 
     guarded.__name__ = guarded.__qualname__ = name
@@ -164,7 +169,58 @@ def guard_dma(fn: Callable[..., Any]) -> Callable[..., Any]:
     return guarded
 
 
+#: Set on an exception that says only that another core failed first (the interpreter's
+#: ``check_failed``): never the run's fault, whatever is recorded when it is reported.
+_STOPPED = "_coremesh_stopped_by_another"
+
+
+def mark_stopped(err: BaseException) -> None:
+    """``err`` (raised by ``check_failed``) stopped a core because another one failed."""
+    setattr(err, _STOPPED, True)
+
+
+_REPORTED = "_coremesh_reported"
+#: The code of every ``guarded`` callback (see :func:`_guarded_call`).
+_GUARDED_CODE = guard("", lambda: None).__code__
+
+
+def _guarded_call() -> tuple[str, tuple[Any, ...], dict[str, Any]] | None:
+    """(name, args, kw) of the innermost guarded callback on this thread's stack, if any."""
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is _GUARDED_CODE:
+            local = frame.f_locals
+            return local["name"], local["args"], local["kw"]
+        frame = frame.f_back
+    return None
+
+
+def set_failed_targets() -> list[tuple[Any, str, Any]]:
+    """The interpreter's ``SharedMemory.set_failed``, reporting the failure first.
+
+    A callback's failure reaches ``set_failed`` (in the interpreter's ``fail_on_exception``)
+    before the guard around the callback sees it. In a kernel's own program (a chip of one core
+    a device, or patch ``idle_cores``'s core 0) ``set_failed`` then holds the device until every
+    device has stopped, and the others' stopped waits could reach the guard first, or the user's
+    call end before the fault was recorded at all. Reported here, the first failure is recorded
+    while the interpreter still holds it as the first."""
+    from jax._src.pallas.mosaic.interpret import shared_memory as memory
+
+    original = memory.SharedMemory.set_failed
+
+    def set_failed(self: Any, exception: Exception, *args: Any, **kw: Any) -> Any:
+        if not getattr(exception, _REPORTED, False):
+            call = _guarded_call()
+            if call is not None:
+                _report(*call, exception)
+        return original(self, exception, *args, **kw)
+
+    return [(memory.SharedMemory, "set_failed", set_failed)]
+
+
 def _report(name: str, args: tuple[Any, ...], kw: dict[str, Any], err: Exception) -> None:
+    with contextlib.suppress(AttributeError):  # no __dict__: reported again at worst
+        setattr(err, _REPORTED, True)
     if isinstance(err, CoremeshError):
         WATCHDOG.record(err)  # the simulator's own errors already say what happened
         return
@@ -174,7 +230,10 @@ def _report(name: str, args: tuple[Any, ...], kw: dict[str, Any], err: Exception
         return  # jax >= 0.12's race report: the simulator names it (patches' execute)
     sm = ipc._shared_memory
     failure = getattr(sm, "_failure", None)
-    if failure is not None and failure is not err:
+    # A kernel's own program (one core a device, or core 0 alone) fails at the top level, where
+    # the interpreter's set_failed waits for every device before the error reaches here: by then
+    # the shared memory, and its record of the first failure, can be gone. The mark still tells.
+    if getattr(err, _STOPPED, False) or (failure is not None and failure is not err):
         # A core stopped because another one failed: not the fault, but a wait it stopped.
         if name in ("semaphore_wait", "dma_wait") and len(args) > 2:
             where = user_location(kw.get("source_info"))
@@ -449,4 +508,4 @@ def targets() -> list[tuple[Any, str, Any]]:
         out.append((ipc, name, guard(name, fn)))
     for method in ("execute_read", "execute_read_and_write"):
         out.append((ipc.DMA, method, guard_dma(getattr(ipc.DMA, method))))
-    return out
+    return out + set_failed_targets()

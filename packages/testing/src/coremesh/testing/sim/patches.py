@@ -34,6 +34,7 @@ from coremesh.testing.sim import (
     call_params,
     chip_matmul,
     compat,
+    faults,
     operands,
     scalar_division,
     shadow,
@@ -905,11 +906,17 @@ def _watchdog_targets() -> list[tuple[Any, str, Any]]:
             WATCHDOG.progress()
 
     def check_failed(self: Any) -> None:
-        orig_check_failed(self)
-        waiting = getattr(current, "wait", None)
-        if waiting is not None:
-            key, sem, gcid = waiting
-            WATCHDOG.check(key, int(sem.count_by_core[gcid]))
+        try:
+            orig_check_failed(self)
+            waiting = getattr(current, "wait", None)
+            if waiting is not None:
+                key, sem, gcid = waiting
+                WATCHDOG.check(key, int(sem.count_by_core[gcid]))
+        except CoremeshError:
+            raise  # a deadlock found by this wait: the run's own failure
+        except Exception as err:
+            faults.mark_stopped(err)  # another core failed first
+            raise
 
     def signal(self: Any, *args: Any, **kw: Any) -> Any:
         WATCHDOG.progress()  # a DMA or a core signalled: a wait may now finish
