@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 from coremesh.testing.sim import host_mappings, simulate
 from coremesh.testing.upstream import shims
@@ -26,11 +27,18 @@ def _double_plus_one(x_ref: Any, o_ref: Any) -> None:
 
 
 def _run(rows: int) -> None:
-    """A kernel over ``rows`` x 128 (every size a program of its own), against numpy."""
+    """A kernel over ``rows`` x 128 (every size a program of its own, and one for each of v5p's
+    two cores, which share its grid), against numpy."""
     x = np.arange(rows * 128, dtype=np.float32).reshape(rows, 128)
+    spec = pl.BlockSpec((rows // 2, 128), lambda i: (i, 0))
     f = jax.jit(
         lambda a: pl.pallas_call(
-            _double_plus_one, out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype)
+            _double_plus_one,
+            out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype),
+            grid=(2,),
+            in_specs=[spec],
+            out_specs=spec,
+            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
         )(a)
     )
     np.testing.assert_array_equal(np.asarray(f(jnp.asarray(x))), x * 2 + 1)
@@ -40,14 +48,14 @@ def test_dropping_compiled_programs_gives_their_mappings_back() -> None:
     with simulate("v5p", devices=1):
         start = host_mappings.count()
         for i in range(12):
-            _run(8 * (i + 1))
+            _run(16 * (i + 1))
         grown = host_mappings.count()
         assert start is not None and grown is not None and grown > start + 12  # a few each
         host_mappings.drop_compiled()
         dropped = host_mappings.count()
         assert dropped is not None and dropped < grown - 12
-        _run(8)  # compiled again where needed
-        _run(16)
+        _run(16)  # compiled again where needed
+        _run(32)
 
 
 def test_relieve_drops_only_past_its_share(monkeypatch: pytest.MonkeyPatch) -> None:

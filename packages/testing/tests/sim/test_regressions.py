@@ -144,6 +144,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "closed_scalars",
         "own_interpret_params",  # tests/sim/test_own_interpret_params.py
         "compile_cache",
+        "idle_cores",
         "fast_transforms",
         "deadlock_watchdog",
         "dma_schedule",  # test_schedule.py
@@ -582,6 +583,52 @@ def test_compile_cache(count_compiles: list[int], disabled: list[str], warm_comp
         got = np.asarray(sim.run(fn, *inputs))  # warm
         assert count_compiles[0] == warm_compiles
         np.testing.assert_array_equal(got, program.expected(*map(np.asarray, inputs)))
+
+
+# idle_cores -------------------------------------------------------------------------------
+
+
+def _blockwise_add(semantics: str) -> Any:
+    """A pallas_call over 4 blocks adding each block's grid index, of one dimension with
+    ``semantics`` (v5p splits a ``parallel`` one between its 2 cores)."""
+
+    def body(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref[...] + pl.program_id(0).astype(jnp.float32)
+
+    spec = pl.BlockSpec((8, 128), lambda i: (0, i))
+    return pl.pallas_call(
+        body,
+        out_shape=jax.ShapeDtypeStruct((8, 512), jnp.float32),
+        grid=(4,),
+        in_specs=[spec],
+        out_specs=spec,
+        compiler_params=pltpu.CompilerParams(dimension_semantics=(semantics,)),
+    )
+
+
+@pytest.mark.parametrize(
+    ("disabled", "semantics", "core_programs"),
+    [(["idle_cores"], "arbitrary", 1), ([], "arbitrary", 0), ([], "parallel", 1)],
+)
+def test_idle_cores(
+    monkeypatch: pytest.MonkeyPatch, disabled: list[str], semantics: str, core_programs: int
+) -> None:
+    """Stock compiles a program for v5p's cores even when core 1 has no grid step."""
+    from coremesh.testing.sim import patches
+
+    compiled = [0]
+    orig = patches._compile_core_program
+
+    def counting(*args: Any) -> Any:
+        compiled[0] += 1
+        return orig(*args)
+
+    monkeypatch.setattr(patches, "_compile_core_program", counting)
+    x = np.arange(8 * 512, dtype=np.float32).reshape(8, 512)
+    with simulate(chip="v5p", devices=1, disable_patches=disabled, fast_path=False) as sim:
+        got = np.asarray(sim.run(jax.jit(_blockwise_add(semantics)), x))
+    assert compiled[0] == core_programs
+    np.testing.assert_array_equal(got, x + np.repeat(np.arange(4, dtype=np.float32), 128))
 
 
 # fast_transforms --------------------------------------------------------------------------

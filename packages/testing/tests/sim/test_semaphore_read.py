@@ -161,9 +161,10 @@ def test_each_vector_subcore_reads_its_own_count() -> None:
 
 def test_stock_has_no_rule_for_semaphore_read() -> None:
     # Without the patch the interpreter's fallback binds semaphore_read on the semaphore's id,
-    # which XLA:CPU cannot lower: the simulator names the primitive.
+    # which XLA:CPU cannot lower: the simulator names the primitive where it compiles a core's
+    # program (both of v5p's cores run the kernel without patch idle_cores).
     with (
-        simulate("v5p", devices=1, disable_patches=["semaphore_read"]),
+        simulate("v5p", devices=1, disable_patches=["semaphore_read", "idle_cores"]),
         pytest.raises(NotSimulatedError, match="'semaphore_read' in this kernel is not simulated"),
     ):
         read_regular()

@@ -873,6 +873,12 @@ def _compile_cache_targets() -> list[tuple[Any, str, Any]]:
     return [(thread_map, "_run_jaxpr", _compile_cache)]
 
 
+def _idle_cores_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import idle_cores
+
+    return idle_cores.targets()
+
+
 def _watchdog_targets() -> list[tuple[Any, str, Any]]:
     from jax._src import dispatch
     from jax._src.interpreters import pxla
@@ -1448,6 +1454,13 @@ PATCHES: tuple[Patch, ...] = (
         "compile_cache",
         "thread_map recompiles every core's program on every call (thread_map.py:34)",
         _compile_cache_targets,
+    ),
+    Patch(
+        "idle_cores",
+        "on a chip of 2 TensorCores every pallas_call runs each core's grid share on a thread "
+        "of its own, in a program XLA compiles separately (interpret_pallas_call.py, "
+        "thread_map), even when the split by parallel dimensions leaves core 1 no grid step",
+        _idle_cores_targets,
     ),
     Patch(
         "fast_transforms",
