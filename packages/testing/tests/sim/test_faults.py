@@ -240,6 +240,42 @@ def test_a_fault_is_recorded_before_the_interpreter_holds_its_device(
     assert seen and isinstance(seen[0], SimulationFault)
 
 
+def test_a_device_that_starts_after_the_fault_joins_the_failed_run() -> None:
+    # 8 devices, each running its kernel in its own program (v5p's core 1 has no grid step):
+    # device 0 faults before the last devices have started. A late device found the run's
+    # memory failed and made a fresh one, and the failed devices then waited forever at the
+    # old one's clean-up barrier (JAX's test_that_barrier_does_not_hang_after_exception).
+    devices = 8
+
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        me = jax.lax.axis_index("x")
+
+        @pl.when(me == 0)
+        def _() -> None:
+            o_ref[0, 0] = x_ref[pl.ds(me + 100, 1), 0][0]  # out of bounds, at once
+
+        barrier = pltpu.get_barrier_semaphore()
+        pl.semaphore_signal(barrier, device_id={"x": jax.lax.rem(me + 1, devices)})
+        pl.semaphore_wait(barrier, 1)
+
+    with simulate("v5p", devices=devices, deadline=300) as sim:
+        mesh = jax.make_mesh((devices,), ("x",), devices=sim.devices)
+        spec = jax.P(None, "x")
+        call = pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+            in_specs=[pl.BlockSpec(memory_space=pltpu.VMEM)],
+            out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
+            compiler_params=pltpu.CompilerParams(collective_id=7),
+        )
+        f = jax.jit(jax.shard_map(call, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
+        x = jax.device_put(jnp.ones((8, 128 * devices)), jax.NamedSharding(mesh, spec))
+        for _ in range(3):
+            with pytest.raises(SimulationFault) as info:
+                f(x)
+            assert info.value.device == 0
+
+
 def test_an_error_marked_stopped_is_never_the_fault() -> None:
     from coremesh.testing.sim import faults
     from coremesh.testing.sim.deadlock import WATCHDOG

@@ -879,6 +879,10 @@ def _idle_cores_targets() -> list[tuple[Any, str, Any]]:
     return idle_cores.targets()
 
 
+#: How many devices have joined a shared memory (an attribute of it).
+_JOINED = "_coremesh_devices_joined"
+
+
 def _watchdog_targets() -> list[tuple[Any, str, Any]]:
     from jax._src import dispatch
     from jax._src.interpreters import pxla
@@ -887,6 +891,7 @@ def _watchdog_targets() -> list[tuple[Any, str, Any]]:
 
     orig_init = ipc._initialize_shared_memory
     orig_call = pxla.ExecuteReplicated.__call__
+    init_lock = threading.Lock()
 
     orig_wait = memory.Semaphore.wait
     orig_check_failed = memory.SharedMemory.check_failed
@@ -932,11 +937,22 @@ def _watchdog_targets() -> list[tuple[Any, str, Any]]:
 
     def initialize_shared_memory(*args: Any, **kw: Any) -> Any:
         # A kernel that failed (e.g. deadlocked) can leave its shared memory behind; the next
-        # kernel would fail on it at once. Start afresh instead.
-        sm = ipc._shared_memory
-        if sm is not None and sm._failure is not None:
-            ipc.reset_tpu_interpret_mode_state()
-        return orig_init(*args, **kw)
+        # kernel would fail on it at once. Start afresh instead; but only from memory every
+        # device has joined already: a device that starts late, after another one of the same
+        # run failed, would otherwise swap the run's memory for a fresh one, and the failed
+        # devices would wait forever at the old one's clean-up barrier.
+        with init_lock:
+            sm = ipc._shared_memory
+            if (
+                sm is not None
+                and sm._failure is not None
+                and sm.__dict__.get(_JOINED, 0) >= sm.num_devices
+            ):
+                ipc.reset_tpu_interpret_mode_state()
+            out = orig_init(*args, **kw)
+            sm = ipc._shared_memory
+            sm.__dict__[_JOINED] = sm.__dict__.get(_JOINED, 0) + 1
+            return out
 
     def execute(self: Any, *args: Any) -> Any:
         # Programs run synchronously in the user's thread so that a failing kernel fails the
