@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ from coremesh.testing.upstream import report
 from coremesh.testing.upstream.events import Status, TestResult
 from coremesh.testing.upstream.file_run import FileRun, Mode
 from coremesh.testing.upstream.last_run import read_last_run
+from coremesh.testing.upstream.live import Live, heartbeat
 from coremesh.testing.upstream.parts import WHOLE, Part, deal, plan
 from coremesh.testing.upstream.run import (
     XLA_CPU_LEVEL,
@@ -688,3 +691,86 @@ def test_a_split_file_runs_each_test_once_and_reports_one_row(tmp_path: Path) ->
     back = read_last_run(table).tests[(name, "stock")]
     assert sorted(n for n, _ in back) == sorted(ids.values())
     assert read_last_run(tmp_path / "missing.json").tests == {}
+
+
+# The heartbeat of a run in progress ----------------------------------------------------------
+
+STEADY = """
+import time
+import unittest
+
+
+class SteadyTest(unittest.TestCase):
+
+  def test_a(self):
+    pass
+
+  def test_b(self):
+    time.sleep(4)
+
+  def test_c(self):
+    pass
+"""
+
+
+def test_the_heartbeat_names_each_running_file_and_how_far_it_has_got() -> None:
+    now = [0.0]
+    live = Live(28, clock=lambda: now[0])
+    live.update("tpu_paged_attention_kernel_test", 0, None)
+    live.update("tpu_splash_attention_kernel_test", 15, 83)
+    now[0] = 61.0
+    assert live.line() == (
+        "[1m01s] 0 of 28 files done; running: tpu_paged_attention_kernel_test (collecting), "
+        "tpu_splash_attention_kernel_test 15/83"
+    )
+    live.update("tpu_paged_attention_kernel_test", 212, 872)
+    live.update("tpu_splash_attention_kernel_test", 16, None)  # a new child: the total is kept
+    for _ in range(3):
+        live.file_done()
+    now[0] = 725.0
+    assert live.line() == (
+        "[12m05s] 3 of 28 files done; running: tpu_paged_attention_kernel_test 212/872, "
+        "tpu_splash_attention_kernel_test 16/83"
+    )
+    live.ended("tpu_paged_attention_kernel_test")
+    live.ended("tpu_splash_attention_kernel_test")
+    assert live.line() == "[12m05s] 3 of 28 files done"
+
+
+def test_the_heartbeat_prints_while_its_block_runs_and_stops_with_it() -> None:
+    live = Live(2)
+    live.update("tpu_ops_test", 5, 9)
+    stream = io.StringIO()
+    with heartbeat(live, stream, every_s=0.01):
+        for _ in range(3000):  # a hang guard only: the first line comes after 0.01 s
+            if stream.getvalue():
+                break
+            time.sleep(0.01)
+    printed = stream.getvalue()
+    assert printed.splitlines()[0].endswith("] 0 of 2 files done; running: tpu_ops_test 5/9")
+    time.sleep(0.05)
+    assert stream.getvalue() == printed  # the thread ended with the block
+
+
+def test_a_running_file_reports_the_tests_its_child_has_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While ``test_b`` runs (4 s), the runner reads the child's events: 1 of its 3 tests done;
+    when the file ends it is no longer running and counts as done."""
+    from coremesh.testing.upstream import run as run_module
+
+    heard: list[tuple[str, int, int | None]] = []
+
+    class Recording(Live):
+        def update(self, unit: str, finished: int, total: int | None) -> None:
+            heard.append((unit, finished, total))
+            super().update(unit, finished, total)
+
+    monkeypatch.setattr(run_module, "LIVE_READ_S", 0.0)
+    tree, files = _one_file(tmp_path, "tpu_steady_test", STEADY)
+    live = Recording(1)
+    (run,) = run_tree(tree, files, ["stock"], tmp_path / "out", timeout=60, slow={}, live=live)
+    assert [r.status for r in run.results] == ["pass", "pass", "pass"]
+    assert heard[0] == ("tpu_steady_test", 0, None)
+    assert ("tpu_steady_test", 1, 3) in heard
+    assert live.line().endswith("] 1 of 1 files done")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -13,6 +14,7 @@ from coremesh.testing.upstream import guide_report, guides, report
 from coremesh.testing.upstream.file_run import FileRun, Mode
 from coremesh.testing.upstream.guide_run import GuideRun, run_guide
 from coremesh.testing.upstream.last_run import read_last_run
+from coremesh.testing.upstream.live import Live, heartbeat
 from coremesh.testing.upstream.run import DEFAULT_GLOB, host_memory, run_tree, select_files
 from coremesh.testing.upstream.subset import Subset, read_subset, subset_file
 from coremesh.testing.upstream.tree import CORPUS_ENV, TestTree, resolve
@@ -85,7 +87,13 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
         "(default 3; 0: never); a simulator run never gives up (its deadlocks raise: a hang there "
         "is a slow test)",
     )
-    sp.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    sp.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress on stderr (a line per file as it ends, and a line a minute naming "
+        "the files running and how far each has got)",
+    )
     sp.add_argument(
         "--guides",
         nargs="*",
@@ -149,21 +157,25 @@ def run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         if not args.quiet:
             _progress(stderr)(run)
 
-    runs = run_tree(
-        tree,
-        files,
-        modes,
-        out,
-        timeout=TEST_TIMEOUT_S if args.timeout is None else args.timeout,
-        keyword=args.keyword,
-        only=chosen.by_file if chosen is not None else None,
-        progress=finished,
-        jobs=args.jobs,
-        memory_limit=_memory_limit(args.memory_limit),
-        give_up=args.give_up or None,
-        previous_seconds=last,
-        previous_tests=earlier.tests,
-    )
+    # A line a minute while files run: the longest take most of an hour before their own line.
+    live = None if args.quiet else Live(len(files) * len(modes))
+    with heartbeat(live, stderr) if live is not None else contextlib.nullcontext():
+        runs = run_tree(
+            tree,
+            files,
+            modes,
+            out,
+            timeout=TEST_TIMEOUT_S if args.timeout is None else args.timeout,
+            keyword=args.keyword,
+            only=chosen.by_file if chosen is not None else None,
+            progress=finished,
+            jobs=args.jobs,
+            memory_limit=_memory_limit(args.memory_limit),
+            give_up=args.give_up or None,
+            previous_seconds=last,
+            previous_tests=earlier.tests,
+            live=live,
+        )
     table = _write_tables(out, runs, tree, version, wall_s=time.perf_counter() - started)
     stdout.write(table)
     if chosen is not None:

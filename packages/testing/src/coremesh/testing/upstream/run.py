@@ -28,6 +28,7 @@ from coremesh.core.errors import CoremeshError
 from coremesh.testing.upstream.events import Status, TestResult, first_line, read_events
 from coremesh.testing.upstream.file_run import FileRun, Mode
 from coremesh.testing.upstream.last_run import FileKey
+from coremesh.testing.upstream.live import Live
 from coremesh.testing.upstream.memory_budget import MemoryBudget
 from coremesh.testing.upstream.needs import most_devices
 from coremesh.testing.upstream.parts import WHOLE, Part, Timed, joined, plan
@@ -47,6 +48,8 @@ SIM_HOST_DEVICES = 16
 XLA_CPU_LEVEL = "--xla_backend_optimization_level=1"
 #: Seconds a child may write nothing beyond the per-test timeout before it is stopped.
 STALL_GRACE_S = 120.0
+#: Seconds between two readings of a running child's events for the heartbeat (:mod:`~.live`).
+LIVE_READ_S = 5.0
 
 _TIMEOUT_BANNER = re.compile(r"\+{3,} Timeout \+{3,}")
 _DEVICE_FLAG = re.compile(r"--xla_force_host_platform_device_count=\d+")
@@ -148,17 +151,26 @@ Stop = Literal["stall", "memory"]
 
 
 def _wait(
-    proc: subprocess.Popen[bytes], events: Path, stall_s: float, memory: MemoryBudget | None
+    proc: subprocess.Popen[bytes],
+    events: Path,
+    stall_s: float,
+    memory: MemoryBudget | None,
+    heard: Callable[[], None] | None = None,
 ) -> Stop | None:
     """Wait for ``proc``; stop it when ``events`` has not grown for ``stall_s``, or when
     ``memory`` says it holds too much (a test that would take the host's memory and have the OS
-    kill more than it)."""
+    kill more than it). ``heard`` is called when ``events`` has grown, at most every
+    :data:`LIVE_READ_S` (it reads the whole file: ``tpu_pallas_test``'s grows to 1 MB)."""
     last_size, last_change = -1, time.monotonic()
+    heard_size, heard_at = 0, float("-inf")
     with memory.watching(proc.pid) if memory is not None else contextlib.nullcontext():
         while proc.poll() is None:
             size = events.stat().st_size if events.exists() else 0
             now = time.monotonic()
             stop: Stop | None = None
+            if heard is not None and size != heard_size and now - heard_at >= LIVE_READ_S:
+                heard_size, heard_at = size, now
+                heard()
             if size != last_size:
                 last_size, last_change = size, now
             elif now - last_change > stall_s:
@@ -187,13 +199,15 @@ def run_file(
     give_up: int | None = None,
     part: Part = WHOLE,
     slow: Mapping[str, float] = SLOW_TEST_SECONDS,
+    live: Live | None = None,
 ) -> FileRun:
     """Every test of ``file`` in ``mode`` (of ``part`` of it), restarting the child after a hang,
     a crash or ``memory`` stopping it, and after it stopped between tests holding more than
     ``memory.recycle_bytes`` (the memory jax keeps for the tests it ran); after ``give_up`` hangs
     in a row, the rest is left unrun (stock interpret mode deadlocks on whole files: 859 tests
     of 180 s would take 43 hours). A test ``slow`` names (node id -> seconds it was measured to
-    take) has a watchdog of twice that where ``timeout`` is less."""
+    take) has a watchdog of twice that where ``timeout`` is less. ``live`` hears how many of the
+    part's tests have finished while it runs."""
     work = Path(out_dir) / "work" / mode
     logs = Path(out_dir) / "logs" / mode
     work.mkdir(parents=True, exist_ok=True)
@@ -221,7 +235,16 @@ def run_file(
         budgets_file = work / f"{stem}.budgets"
         budgets_file.write_text("".join(f"{n} {s:g}\n" for n, s in sorted(budgets.items())))
     stall_s = max([timeout, *budgets.values()]) + STALL_GRACE_S
+
+    def heard() -> None:
+        if live is not None:
+            now = read_events(events)
+            total = None if now.collected is None else len(run.results) + len(now.collected)
+            live.update(stem, len(run.results) + len(now.results), total)
+
     while True:
+        if live is not None:  # a new child: what the earlier ones finished, the total kept
+            live.update(stem, len(run.results), None)
         done_path.write_text("\n".join(done) + "\n")
         events.unlink(missing_ok=True)
         cmd = child_command(
@@ -235,7 +258,7 @@ def run_file(
                 cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
-            stopped = _wait(proc, events, stall_s, memory)
+            stopped = _wait(proc, events, stall_s, memory, heard if live is not None else None)
         run.processes += 1
         got = read_events(events)
         run.results += got.results
@@ -278,6 +301,8 @@ def run_file(
             run.gave_up = f"the runner gave up on the file after {streak} hangs in a row"
             break
     run.elapsed_s = time.perf_counter() - started
+    if live is not None:
+        live.ended(stem)
     return run
 
 
@@ -310,6 +335,7 @@ def run_tree(
     previous_seconds: Mapping[FileKey, float] | None = None,
     previous_tests: Timed | None = None,
     slow: Mapping[str, float] = SLOW_TEST_SECONDS,
+    live: Live | None = None,
 ) -> list[FileRun]:
     """Each file in each mode, ``jobs`` processes at a time; the result in file, then mode,
     order; ``progress`` hears of each as it finishes. ``only``: per file name, the node ids
@@ -320,7 +346,8 @@ def run_tree(
     file longer than its share is split across processes (:mod:`~.parts`). Both come from
     :func:`~coremesh.testing.upstream.last_run.read_last_run`. ``slow``: tests measured to take
     longer than ``timeout`` (:data:`~.typical.SLOW_TEST_SECONDS`), which get their own watchdog.
-    ``memory_limit``: bytes the test processes may hold together (:mod:`~.memory_budget`)."""
+    ``memory_limit``: bytes the test processes may hold together (:mod:`~.memory_budget`).
+    ``live``: how far each running file has got, and how many files are done."""
     if not files:
         raise CoremeshError(
             f"no test files selected in {tree.tests}",
@@ -360,6 +387,7 @@ def run_tree(
             give_up=give_up if mode == "stock" else None,
             part=part,
             slow=slow,
+            live=live,
         )
         with lock:
             got = pieces[(file, mode)]
@@ -368,6 +396,8 @@ def run_tree(
                 return
             order = [t for t, _ in (previous_tests or {}).get(keys[(file, mode)], ())]
             whole = runs[(file, mode)] = joined(got, order)
+            if live is not None:
+                live.file_done()
             if progress is not None:
                 progress(whole)
 
