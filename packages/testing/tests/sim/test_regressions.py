@@ -145,6 +145,7 @@ def test_every_patch_has_a_regression_test() -> None:
         "own_interpret_params",  # tests/sim/test_own_interpret_params.py
         "compile_cache",
         "idle_cores",
+        "interpreter_checks",
         "fast_transforms",
         "deadlock_watchdog",
         "dma_schedule",  # test_schedule.py
@@ -628,6 +629,52 @@ def test_idle_cores(
     with simulate(chip="v5p", devices=1, disable_patches=disabled, fast_path=False) as sim:
         got = np.asarray(sim.run(jax.jit(_blockwise_add(semantics)), x))
     assert compiled[0] == core_programs
+    np.testing.assert_array_equal(got, x + np.repeat(np.arange(4, dtype=np.float32), 128))
+
+
+# interpreter_checks -----------------------------------------------------------------------
+
+
+def _primitives(jaxpr: Any) -> set[str]:
+    """The names of the primitives in ``jaxpr`` and every jaxpr nested in its equations."""
+    from jax._src import core
+
+    names: set[str] = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        for sub in core.jaxprs_in_params(eqn.params):
+            names |= _primitives(sub)
+    return names
+
+
+@pytest.mark.parametrize(
+    ("disabled", "interpreter_checked"), [(["interpreter_checks"], True), ([], False)]
+)
+def test_interpreter_checks(
+    monkeypatch: pytest.MonkeyPatch, disabled: list[str], interpreter_checked: bool
+) -> None:
+    """Under jax_enable_checks stock type-checks the interpreter's program (its host callbacks)
+    as the kernel's lowering traces it; the kernel's own jaxpr is checked either way."""
+    from jax._src import config, core
+
+    checked: list[set[str]] = []
+    orig = core.check_jaxpr
+
+    def recording(jaxpr: Any) -> Any:
+        checked.append(_primitives(jaxpr))
+        return orig(jaxpr)
+
+    monkeypatch.setattr(core, "check_jaxpr", recording)
+    x = np.arange(8 * 512, dtype=np.float32).reshape(8, 512)
+    with (
+        simulate(chip="v5e", devices=1, disable_patches=disabled, fast_path=False) as sim,
+        config.enable_checks(True),
+    ):
+        got = np.asarray(sim.run(jax.jit(_blockwise_add("arbitrary")), x))
+    interpreter = [names for names in checked if "io_callback" in names]
+    kernel = [names for names in checked if "swap" in names and "io_callback" not in names]
+    assert bool(interpreter) == interpreter_checked
+    assert kernel  # the kernel's body (its loads and stores), checked when traced
     np.testing.assert_array_equal(got, x + np.repeat(np.arange(4, dtype=np.float32), 128))
 
 

@@ -42,7 +42,7 @@ def kernel_effects() -> dict[Any, Any]:
     }
 
 
-def _kernel_primitives() -> list[Any]:
+def kernel_primitives() -> list[Any]:
     """The primitives whose abstract evaluation declares the interpret-mode effects
     (``core_map`` is one up to jax 0.12.0.1; 0.12.1 traces it as ``mpmd_map``)."""
     from jax._src.pallas import core as pallas_core
@@ -94,5 +94,5 @@ def targets() -> list[tuple[Any, str, Any]]:
         return set(kernel_effects().values())
 
     out: list[tuple[Any, str, Any]] = [(params, "get_interpret_effects", get_interpret_effects)]
-    out += [cpu_rule(p, _with_kernel_tokens) for p in _kernel_primitives()]
+    out += [cpu_rule(p, _with_kernel_tokens) for p in kernel_primitives()]
     return out

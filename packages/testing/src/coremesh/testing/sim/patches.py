@@ -873,6 +873,12 @@ def _compile_cache_targets() -> list[tuple[Any, str, Any]]:
     return [(thread_map, "_run_jaxpr", _compile_cache)]
 
 
+def _interpreter_checks_targets() -> list[tuple[Any, str, Any]]:
+    from coremesh.testing.sim import interpreter_checks
+
+    return interpreter_checks.targets()
+
+
 def _idle_cores_targets() -> list[tuple[Any, str, Any]]:
     from coremesh.testing.sim import idle_cores
 
@@ -1663,6 +1669,14 @@ PATCHES: tuple[Patch, ...] = (
         "that calls a kernel fails ('Effects not supported in partial-eval of "
         "`checkpoint`/`remat`'), where on a TPU the kernel has no effects and is recomputed",
         _kernel_effects_targets,
+    ),
+    Patch(
+        "interpreter_checks",
+        "under jax_enable_checks (JAX's test case turns it on) the interpreter's own program, a "
+        "host callback for every load, store and DMA of a kernel, is type-checked as the "
+        "kernel's lowering traces it (interpret_pallas_call.py): checks of jax's interpreter, "
+        "not of the kernel, whose jaxpr was checked when it was traced",
+        _interpreter_checks_targets,
     ),
 )
 
